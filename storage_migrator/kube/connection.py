@@ -1,0 +1,85 @@
+"""Building a ``kubernetes.client.ApiClient`` from our settings.
+
+Design decision (DESIGN 4.1): credentials come only from the official client's
+loaders: a kubeconfig file and context, the pod's service account, or a
+kubeconfig dict (what a Prefect ``KubernetesClusterConfig`` block holds). No
+hand-written auth. Each call loads into a fresh ``Configuration`` (never the
+process-wide default), so several clusters or API servers (HA polls, DESIGN
+4.4) can be used side by side. The pool size is raised to the write
+concurrency so that concurrent writes do not queue for a connection.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import config as kube_config
+from kubernetes.client import ApiClient, Configuration
+
+from storage_migrator.settings import Settings
+
+__all__ = [
+    "api_client_from_config_dict",
+    "api_client_from_settings",
+    "running_in_cluster",
+]
+
+#: Connections kept besides the write workers (a LIST or a status write at once).
+_SPARE_CONNECTIONS = 4
+
+
+def running_in_cluster() -> bool:
+    """Whether the process runs in a pod (the service-account env is present)."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+
+
+def _fresh_configuration(settings: Settings) -> Configuration:
+    configuration = Configuration()
+    configuration.connection_pool_maxsize = max(
+        configuration.connection_pool_maxsize or 0,
+        settings.write_concurrency + _SPARE_CONNECTIONS,
+    )
+    return configuration
+
+
+def api_client_from_settings(settings: Settings) -> ApiClient:
+    """Connect as the settings say: in-cluster, or kubeconfig path and context.
+
+    ``in_cluster=None`` means auto: in-cluster when running in a pod and no
+    kubeconfig path is set; otherwise the kubeconfig (``KUBECONFIG`` or
+    ``~/.kube/config`` when no path is given).
+    """
+    configuration = _fresh_configuration(settings)
+    use_in_cluster = settings.in_cluster
+    if use_in_cluster is None:
+        use_in_cluster = settings.kubeconfig is None and running_in_cluster()
+    if use_in_cluster:
+        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+            context=settings.context,
+            client_configuration=configuration,
+        )
+    return ApiClient(configuration=configuration)
+
+
+def api_client_from_config_dict(
+    config_dict: Mapping[str, Any],
+    *,
+    context: str | None = None,
+    settings: Settings | None = None,
+) -> ApiClient:
+    """Connect from a kubeconfig held as a dict (a Prefect KubernetesClusterConfig block).
+
+    Same loader as ``new_client_from_config_dict``; the dict is never logged.
+    """
+    configuration = _fresh_configuration(settings or Settings())
+    kube_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+        config_dict=dict(config_dict),
+        context=context,
+        client_configuration=configuration,
+    )
+    return ApiClient(configuration=configuration)

@@ -1,0 +1,419 @@
+"""The one place where HTTP answers of the Kubernetes API become our exceptions.
+
+Design decision: every request of the access layer ends here when it fails, so
+the classification (which class, which hint the server gave, whether to retry)
+is decided once (STYLE "Do this" 2 and 3). Callers catch our classes, never
+``kubernetes.client.ApiException`` nor urllib3 errors.
+
+Security rule (DESIGN 8): ``str()`` and ``repr()`` of our errors carry only the
+status code, the reason, the ``Status`` message and what the request concerned;
+never the response body. ``ApiException.__str__`` prints the whole HTTP body,
+which may be a Secret, so an ``ApiException`` converted here is scrubbed in
+place before it can be chained as ``__cause__`` (traceback printers format the
+cause with ``str()``).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import time
+from collections.abc import Mapping
+from typing import Any, Final, TypedDict, cast
+
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+__all__ = [
+    "AlreadyExists",
+    "BadRequest",
+    "Conflict",
+    "Expired",
+    "Forbidden",
+    "Gone",
+    "Invalid",
+    "KubeError",
+    "MethodNotAllowed",
+    "NotAcceptable",
+    "NotFound",
+    "ServerError",
+    "StatusCause",
+    "StatusDetails",
+    "StatusDict",
+    "StatusMeta",
+    "TooManyRequests",
+    "TransportError",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "error_from_answer",
+    "from_api_exception",
+    "from_http_response",
+    "from_transport_error",
+    "is_retriable",
+]
+
+#: Longest message kept in ``str()``: webhook denials can be long; logs need a line.
+MAX_MESSAGE_CHARS: Final = 1000
+#: Longest plain-text body kept: enough for the priority-and-fairness 429 sentence.
+MAX_PLAIN_TEXT_CHARS: Final = 200
+
+#: Codes retried with backoff (DESIGN 4.5 table): 429, 500, 503, 504.
+RETRIABLE_CODES: Final = frozenset({429, 500, 503, 504})
+
+
+class StatusCause(TypedDict, total=False):
+    """One entry of ``Status.details.causes`` (metav1.StatusCause)."""
+
+    reason: str
+    message: str
+    field: str
+
+
+class StatusDetails(TypedDict, total=False):
+    """``Status.details`` (metav1.StatusDetails)."""
+
+    name: str
+    group: str
+    kind: str
+    uid: str
+    causes: list[StatusCause]
+    retryAfterSeconds: int
+
+
+StatusMeta = TypedDict(
+    "StatusMeta",
+    {"resourceVersion": str, "continue": str, "remainingItemCount": int},
+    total=False,
+)
+"""``Status.metadata`` (a ListMeta): a 410 carries the inconsistent continue token here."""
+
+
+class StatusDict(TypedDict, total=False):
+    """The ``metav1.Status`` object an API server answers with on failure."""
+
+    kind: str
+    apiVersion: str
+    metadata: StatusMeta
+    status: str
+    message: str
+    reason: str
+    details: StatusDetails
+    code: int
+
+
+class KubeError(Exception):
+    """A request to the Kubernetes API failed.
+
+    Carries what a caller needs to decide and to report, and nothing of the
+    response body beyond the ``Status`` message (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        *,
+        code: int,
+        reason: str,
+        message: str,
+        what: str,
+        status_object: StatusDict | None = None,
+        retry_after: float | None = None,
+        continue_token: str | None = None,
+    ) -> None:
+        super().__init__(code, reason, what)
+        #: HTTP status code; 0 for transport errors (no answer at all).
+        self.code = code
+        #: ``Status.reason`` (e.g. ``Conflict``) or the HTTP reason phrase.
+        self.reason = reason
+        #: ``Status.message``, or a short plain-text reason when the body is no Status.
+        self.message = message
+        #: What the request concerned, e.g. ``PATCH configmaps default/cm-1``.
+        self.what = what
+        #: The decoded ``Status`` object, when the answer was one.
+        self.status_object = status_object
+        #: Seconds the server asked us to wait (Retry-After header, then details).
+        self.retry_after = retry_after
+        #: The continue token of a 410 Expired Status (inconsistent continue), if any.
+        self.continue_token = continue_token
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "reason": self.reason,
+            "message": self.message,
+            "what": self.what,
+            "status_object": self.status_object,
+            "retry_after": self.retry_after,
+            "continue_token": self.continue_token,
+        }
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keyword-only __init__ breaks the default exception pickling, and
+        # Prefect pickles exceptions into task states.
+        return (_rebuild, (type(self), self._fields()))
+
+    def __str__(self) -> str:
+        message = _shorten(self.message, MAX_MESSAGE_CHARS)
+        return f"{self.what}: {self.code} {self.reason}: {message}"
+
+    def __repr__(self) -> str:
+        message = _shorten(self.message, MAX_MESSAGE_CHARS)
+        return (
+            f"{type(self).__name__}(code={self.code!r}, reason={self.reason!r}, "
+            f"what={self.what!r}, message={message!r})"
+        )
+
+
+def _rebuild(cls: type[KubeError], fields: dict[str, Any]) -> KubeError:
+    """Unpickle a KubeError (see ``KubeError.__reduce__``)."""
+    return cls(**fields)
+
+
+class BadRequest(KubeError):
+    """400: the request itself is malformed; retrying cannot help."""
+
+
+class Unauthorized(KubeError):
+    """401: credentials missing or expired."""
+
+
+class Forbidden(KubeError):
+    """403: RBAC (or an admission plugin) denies the request."""
+
+
+class NotFound(KubeError):
+    """404: the object is gone, or the resource is not served at all."""
+
+
+class MethodNotAllowed(KubeError):
+    """405: the resource does not serve this verb (e.g. LIST on ``bindings``)."""
+
+
+class NotAcceptable(KubeError):
+    """406: the server cannot answer in the asked media type (e.g. metadata only)."""
+
+
+class Conflict(KubeError):
+    """409: a precondition (``resourceVersion``) failed: someone wrote since we read."""
+
+
+class AlreadyExists(Conflict):
+    """409 with reason ``AlreadyExists``: a create found the name taken."""
+
+
+class Expired(KubeError):
+    """410: the continue token's revision was compacted.
+
+    ``continue_token`` holds the Status's ``metadata.continue`` when the server
+    offers an inconsistent continue; ``None`` means restart the LIST.
+    """
+
+
+Gone = Expired
+
+
+class UnsupportedMediaType(KubeError):
+    """415: the server does not take this Content-Type (e.g. no merge patch)."""
+
+
+class Invalid(KubeError):
+    """422: validation (or a webhook) rejected the object."""
+
+
+class TooManyRequests(KubeError):
+    """429: throttled (priority and fairness, or max-in-flight); honour retry_after."""
+
+
+class ServerError(KubeError):
+    """5xx: the API server (or something in front of it) failed."""
+
+
+class TransportError(KubeError):
+    """No HTTP answer: connection refused or reset, timeout, TLS failure."""
+
+
+_CLASS_BY_CODE: Final[Mapping[int, type[KubeError]]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    406: NotAcceptable,
+    409: Conflict,
+    410: Expired,
+    415: UnsupportedMediaType,
+    422: Invalid,
+    429: TooManyRequests,
+}
+
+
+def _class_for(code: int, reason: str) -> type[KubeError]:
+    if code == 409 and reason == "AlreadyExists":
+        return AlreadyExists
+    if code >= 500:
+        return ServerError
+    return _CLASS_BY_CODE.get(code, KubeError)
+
+
+def _shorten(text: str, limit: int) -> str:
+    one_line = " ".join(text.split())
+    return one_line if len(one_line) <= limit else one_line[: limit - 3] + "..."
+
+
+def _decode_status(body: bytes) -> StatusDict | None:
+    """Decode the body as a ``Status``; anything else is not kept (it may be an object)."""
+    try:
+        decoded = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if isinstance(decoded, dict) and decoded.get("kind") == "Status":
+        return cast(StatusDict, decoded)
+    return None
+
+
+def _is_json(body: bytes) -> bool:
+    try:
+        json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _header(headers: Mapping[str, str] | None, name: str) -> str | None:
+    if not headers:
+        return None
+    for key, value in headers.items():
+        if key.lower() == name.lower():
+            return value
+    return None
+
+
+def _parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Read a Retry-After header: delay seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError):
+            return None
+        current = time.time() if now is None else now
+        return max(0.0, when.timestamp() - current)
+    if math.isnan(seconds) or math.isinf(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def error_from_answer(
+    *,
+    code: int,
+    http_reason: str | None,
+    headers: Mapping[str, str] | None,
+    body: bytes | str | None,
+    what: str,
+) -> KubeError:
+    """Classify one non-2xx HTTP answer (the single mapping table of this project).
+
+    The body is decoded as a ``Status`` when it is one; a plain-text body (the
+    priority-and-fairness 429 says "Too many requests, please try again later.")
+    is kept as a short reason; any other body is dropped unread.
+    """
+    raw = body.encode() if isinstance(body, str) else (body or b"")
+    status_object = _decode_status(raw)
+    reason = http_reason or ""
+    message = ""
+    retry_after = _parse_retry_after(_header(headers, "Retry-After"))
+    continue_token: str | None = None
+    if status_object is not None:
+        reason = status_object.get("reason") or reason
+        message = status_object.get("message", "")
+        if retry_after is None:
+            hint = status_object.get("details", {}).get("retryAfterSeconds")
+            if isinstance(hint, int | float) and hint > 0:
+                retry_after = float(hint)
+        token = status_object.get("metadata", {}).get("continue")
+        continue_token = token or None
+    elif raw and not _is_json(raw):
+        message = _shorten(raw.decode("utf-8", errors="replace"), MAX_PLAIN_TEXT_CHARS)
+    if not message:
+        message = reason or f"HTTP {code}"
+    if not reason:
+        reason = f"HTTP {code}"
+    cls = _class_for(code, reason)
+    return cls(
+        code=code,
+        reason=reason,
+        message=message,
+        what=what,
+        status_object=status_object,
+        retry_after=retry_after,
+        continue_token=continue_token if cls is Expired else None,
+    )
+
+
+def from_http_response(response: urllib3.BaseHTTPResponse, *, what: str) -> KubeError:
+    """Classify a non-2xx urllib3 response (the raw path of ``transport``)."""
+    return error_from_answer(
+        code=response.status,
+        http_reason=response.reason,
+        headers=dict(response.headers.items()),
+        body=response.data,
+        what=what,
+    )
+
+
+def from_transport_error(exc: BaseException, *, what: str) -> TransportError:
+    """Wrap a connection error or timeout (no HTTP answer) as a retriable error."""
+    detail = _shorten(str(exc), MAX_PLAIN_TEXT_CHARS)
+    name = type(exc).__name__
+    message = detail if detail.startswith(name) else f"{name}: {detail}" if detail else name
+    return TransportError(code=0, reason=name, message=message, what=what)
+
+
+def from_api_exception(exc: ApiException, *, what: str) -> KubeError:
+    """Classify an ``ApiException`` of the official client, and scrub it.
+
+    The exception is scrubbed in place (body, data, headers dropped) because
+    callers chain it (``raise err from exc``) and ``str(exc)`` would print the
+    whole response body into any traceback.
+    """
+    code = int(exc.status or 0)
+    headers = cast("Mapping[str, str] | None", exc.headers)
+    body = cast("str | bytes | None", exc.body)
+    reason = cast("str | None", exc.reason)
+    if code == 0:
+        error: KubeError = TransportError(
+            code=0,
+            reason="TransportError",
+            message=_shorten(reason or "no answer", MAX_PLAIN_TEXT_CHARS),
+            what=what,
+        )
+    else:
+        error = error_from_answer(
+            code=code,
+            http_reason=reason,
+            headers=dict(headers.items()) if headers else None,
+            body=body,
+            what=what,
+        )
+    exc.body = None
+    exc.data = None
+    exc.headers = None
+    return error
+
+
+def is_retriable(error: BaseException) -> bool:
+    """Whether a failed request may succeed if sent again (DESIGN 4.5 table).
+
+    Transient: 429, 500, 503, 504 and transport errors. Everything else (404,
+    409, 405, 400/403/422, ...) is an answer about the object or the resource
+    that a retry would only repeat (upstream issue #83: do not loop).
+    """
+    if isinstance(error, TransportError):
+        return True
+    if isinstance(error, KubeError):
+        return error.code in RETRIABLE_CODES
+    return False

@@ -1,0 +1,204 @@
+"""The one settings model of the migrator (DESIGN 5).
+
+Design decision: every knob is read from the environment with the prefix
+``STORAGE_MIGRATOR_`` by pydantic-settings, validated at start-up with a message
+that names the variable, and documented on the field itself (unit, default,
+why). Flow parameters override these values; nothing else reads the
+environment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+__all__ = ["Settings"]
+
+DEFAULT_POLL_SECONDS = 600.0
+
+
+class Settings(BaseSettings):
+    """Settings of the storage version migrator, from ``STORAGE_MIGRATOR_*`` variables."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="STORAGE_MIGRATOR_",
+        extra="ignore",
+        validate_default=True,
+    )
+
+    kubeconfig: Path | None = Field(
+        default=None,
+        description=(
+            "Path of the kubeconfig file. Default: none, which means KUBECONFIG or "
+            "~/.kube/config, or the in-cluster service account when running in a pod."
+        ),
+    )
+    context: str | None = Field(
+        default=None,
+        description="kubeconfig context to use. Default: the file's current-context.",
+    )
+    in_cluster: bool | None = Field(
+        default=None,
+        description=(
+            "Use the pod's service account (true) or a kubeconfig (false). Default: "
+            "auto, i.e. in-cluster when KUBERNETES_SERVICE_HOST is set and no "
+            "kubeconfig path is given."
+        ),
+    )
+    request_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Timeout of one API request, in seconds. Default 60: a LIST page of 500 "
+            "large objects takes seconds; a hung connection must not hang a run."
+        ),
+    )
+    chunk_size: int = Field(
+        default=500,
+        ge=1,
+        le=10_000,
+        description=(
+            "Objects per LIST page (the `limit`), which is also the checkpoint "
+            "granularity. Default 500, as kubectl and the upstream migrator: a crash "
+            "re-does at most one chunk."
+        ),
+    )
+    write_rate_per_second: float = Field(
+        default=10.0,
+        gt=0,
+        description=(
+            "Object writes per second, shared by all workers (a Prefect global "
+            "concurrency limit with slot decay). Default 10: seed 002's goal of "
+            "'less than 10 qps of single object operations'."
+        ),
+    )
+    write_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description=(
+            "Writes in flight at once inside one chunk. Default 8: enough to reach "
+            "the rate with ~100 ms round trips without bursting the API server."
+        ),
+    )
+    max_write_attempts: int = Field(
+        default=6,
+        ge=1,
+        le=100,
+        description=(
+            "Attempts per object for transient answers (429, 500, 503, 504, "
+            "connection errors) before the object counts as failed. Default 6: about "
+            "a minute of backoff; bounded on purpose (upstream issue #83)."
+        ),
+    )
+    backoff_base_seconds: float = Field(
+        default=0.5,
+        gt=0,
+        description=(
+            "First retry delay in seconds, doubled per attempt with jitter; a server's Retry-After wins. Default 0.5."
+        ),
+    )
+    backoff_max_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="Upper bound of one retry delay in seconds. Default 30.",
+    )
+    poll_seconds: float = Field(
+        default=DEFAULT_POLL_SECONDS,
+        gt=0,
+        description=(
+            "Period of the detection poll in seconds. Default 600: seed 000 polls discovery every 10 minutes."
+        ),
+    )
+    settle_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Delay in seconds after a storage version change is seen before a "
+            "migration starts. Default 60: seed 004's 'loose guarantee' lets API "
+            "servers take about a minute to agree."
+        ),
+    )
+    stale_after_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Age in seconds after which a StorageState heartbeat counts as stale and "
+            "is reset. Default: two poll periods (DESIGN 4.3); a healthy heartbeat is "
+            "already about one period old, so one period would reset healthy states."
+        ),
+    )
+    database_url: str = Field(
+        default="sqlite:///storage-migrator.db",
+        description=(
+            "SQLAlchemy URL of the ledger (DESIGN 4.9). Default: a SQLite file in the "
+            "working directory; use postgresql+psycopg://... for a shared ledger."
+        ),
+    )
+    include_resources: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Resources to consider, as '<resource>' (core) or '<resource>.<group>'; "
+            "comma-separated or a JSON list. Default: empty, meaning all."
+        ),
+    )
+    exclude_resources: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description=(
+            "Resources never migrated, same form as include_resources. Applied after the include list. Default: empty."
+        ),
+    )
+    rate_limit_name: str = Field(
+        default="storage-migrator-writes",
+        min_length=1,
+        description=(
+            "Name of the Prefect global concurrency limit that budgets writes across "
+            "all workers (created idempotently, acquired with strict=True)."
+        ),
+    )
+
+    @field_validator("include_resources", "exclude_resources", mode="before")
+    @classmethod
+    def _split_resources(cls, value: Any) -> Any:
+        """Accept 'a,b', '["a","b"]' or a list, so shells and JSON both work."""
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("include_resources", "exclude_resources")
+    @classmethod
+    def _check_resources(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if "/" in item or " " in item:
+                raise ValueError(f"{item!r} is not '<resource>' or '<resource>.<group>' (e.g. 'deployments.apps')")
+        return [item.lower() for item in value]
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Settings:
+        if self.backoff_max_seconds < self.backoff_base_seconds:
+            raise ValueError(
+                f"backoff_max_seconds ({self.backoff_max_seconds}) must be >= "
+                f"backoff_base_seconds ({self.backoff_base_seconds})"
+            )
+        if self.in_cluster and self.kubeconfig is not None:
+            raise ValueError("set either in_cluster=true or kubeconfig, not both")
+        if self.stale_after_seconds is not None and self.stale_after_seconds < self.poll_seconds:
+            raise ValueError(
+                f"stale_after_seconds ({self.stale_after_seconds}) must be >= poll_seconds "
+                f"({self.poll_seconds}): a healthy heartbeat is up to one period old"
+            )
+        return self
+
+    @property
+    def stale_after(self) -> float:
+        """The stale threshold in seconds: the explicit value or two poll periods."""
+        if self.stale_after_seconds is not None:
+            return self.stale_after_seconds
+        return 2 * self.poll_seconds

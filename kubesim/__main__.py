@@ -1,0 +1,190 @@
+"""kubesim's command line.
+
+python -m kubesim serve --kubeconfig PATH [--etcd URL] [--port N] [--servers N]
+python -m kubesim admin --kubeconfig PATH <command> ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from kubesim.admin import Admin, AdminError
+from kubesim.cluster import Cluster
+from kubesim.codec import ENCRYPTED_PREFIX
+from kubesim.etcd import EtcdStore, prefix_end
+
+_SERVE_HELP = """\
+Start a simulated Kubernetes API server backed by a real etcd, write a kubeconfig
+for it, and serve until SIGINT or SIGTERM; then stop what was started.
+
+Unless --etcd names a running etcd, kubesim starts Debian's etcd (apt-get install
+etcd-server) on a free loopback port with a temporary data dir on /dev/shm.
+Use the kubeconfig with kubectl or any Kubernetes client:
+
+    kubectl --kubeconfig PATH get namespaces
+"""
+
+_ADMIN_HELP = """\
+Drive the admin API of a running kubesim (outside the Kubernetes API, under
+/_kubesim/ on the same port): stand-ins for an upgrade (a built-in resource's
+storage version), encryption keys, etcd compaction, fault injection, counters.
+"""
+
+
+def _print(doc: Any) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def serve(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        cluster = Cluster(etcd_url=args.etcd, servers=args.servers, port=args.port).start()
+    except RuntimeError as exc:
+        print(f"kubesim: {exc}", file=sys.stderr)
+        return 1
+    try:
+        cluster.write_kubeconfig(args.kubeconfig)
+        for i, server in enumerate(cluster.servers):
+            print(f"kubesim: API server {i} on {server.url} (etcd {cluster.etcd_url})", flush=True)
+        print(f"kubesim: kubeconfig written to {args.kubeconfig}", flush=True)
+        stop.wait()
+    finally:
+        cluster.stop()
+        print("kubesim: stopped", flush=True)
+    return 0
+
+
+def _fault_rule(args: argparse.Namespace) -> dict[str, Any]:
+    rule: dict[str, Any] = {}
+    for field in ("verb", "resource", "namespace", "name", "subresource", "code", "retry_after", "times"):
+        value = getattr(args, field)
+        if value is not None:
+            rule[field] = value
+    if args.plain:
+        rule["shape"] = "plain"
+    if args.latency:
+        rule["latency"] = args.latency
+    if args.drop:
+        rule["drop"] = True
+    rule["rate"] = args.rate
+    return rule
+
+
+def _describe_value(value: bytes) -> str:
+    if value.startswith(ENCRYPTED_PREFIX):
+        return value[: value.index(b":", len(ENCRYPTED_PREFIX) + 10) + 1].decode(errors="replace") + "<ciphertext>"
+    try:
+        doc = json.loads(value)
+        return f"apiVersion={doc.get('apiVersion')} kind={doc.get('kind')}"
+    except ValueError:
+        return repr(value[:40])
+
+
+def admin(args: argparse.Namespace) -> int:
+    client = Admin.from_kubeconfig(args.kubeconfig, args.context)
+    cmd = args.command
+    if cmd == "state":
+        _print(client.config())
+    elif cmd == "storage-version":
+        _print(client.set_storage_version(args.resource, args.version, group=args.group))
+    elif cmd == "encryption":
+        resources = args.resources.split(",") if args.resources is not None else None
+        _print(client.set_encryption([k for k in args.keys.split(",") if k], resources=resources))
+    elif cmd == "compact":
+        _print({"compactedAtRevision": client.compact()})
+    elif cmd == "faults":
+        if args.action == "list":
+            _print(client.faults())
+        elif args.action == "clear":
+            client.clear_faults()
+            _print([])
+        elif args.action == "set":
+            rules = json.loads(Path(args.file).read_text()) if args.file else [_fault_rule(args)]
+            _print(client.set_faults(rules if isinstance(rules, list) else rules["rules"]))
+        else:  # add
+            _print(client.set_faults([*client.faults(), _fault_rule(args)]))
+    elif cmd == "counters":
+        _print(client.reset_counters() if args.reset else client.counters())
+    elif cmd == "stored":
+        store = EtcdStore(client.config()["etcdURL"])
+        try:
+            prefix = args.prefix.encode()
+            for kv in store.range(prefix, prefix_end(prefix)).kvs:
+                print(f"{kv.key.decode()}  rv={kv.mod_revision}  {_describe_value(kv.value)}")
+        finally:
+            store.close()
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m kubesim", description="A Kubernetes API server simulator over etcd.")
+    sub = top.add_subparsers(dest="mode", required=True)
+
+    p_serve = sub.add_parser("serve", help="start kubesim", description=_SERVE_HELP,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p_serve.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig for the server(s)")
+    p_serve.add_argument("--etcd", help="URL of a running etcd to use instead of starting one")
+    p_serve.add_argument("--port", type=int, default=0, help="port of the first API server (default: a free one)")
+    p_serve.add_argument("--servers", type=int, default=1,
+                         help="API servers sharing the etcd, for HA; contexts kubesim-0, kubesim-1, ...")  # fmt: skip
+    p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
+    p_serve.set_defaults(func=serve)
+
+    p_admin = sub.add_parser("admin", help="drive a running kubesim", description=_ADMIN_HELP,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p_admin.add_argument("--kubeconfig", required=True, help="the kubeconfig `serve` wrote")
+    p_admin.add_argument("--context", help="which API server (kubesim-0, kubesim-1, ...; default: the current one)")
+    cmds = p_admin.add_subparsers(dest="command", required=True)
+    cmds.add_parser("state", help="storage versions, encryption keys, etcd URL and revision")
+    p_sv = cmds.add_parser("storage-version", help="change a built-in resource's storage version (an upgrade)")
+    p_sv.add_argument("resource", help="e.g. configmaps, deployments")
+    p_sv.add_argument("version", help="e.g. v2 (CRDs change theirs through the CRD, as on a real cluster)")
+    p_sv.add_argument("--group", default="", help="API group, e.g. apps (default: core)")
+    p_enc = cmds.add_parser("encryption", help="set the encryption keys, write key first")
+    p_enc.add_argument("--keys", required=True, help="comma-separated key names, write key first; '' for none")
+    p_enc.add_argument("--resources", help="comma-separated group-resources to encrypt (default: unchanged)")
+    cmds.add_parser("compact", help="compact etcd at its current revision (old continue tokens then answer 410)")
+    p_f = cmds.add_parser("faults", help="inject faults: set, add, list, clear")
+    p_f.add_argument("action", choices=["set", "add", "list", "clear"])
+    p_f.add_argument("--file", help="set: a JSON file holding a list of rules")
+    p_f.add_argument("--verb", help="get, list, watch, create, update, patch, delete")
+    p_f.add_argument("--resource", help="group-resource, e.g. secrets or widgets.example.com")
+    p_f.add_argument("--namespace")
+    p_f.add_argument("--name")
+    p_f.add_argument("--subresource")
+    p_f.add_argument("--code", type=int, help="HTTP status to answer (429, 500, 503, 422, ...)")
+    p_f.add_argument("--retry-after", type=int, help="seconds, sent as Retry-After")
+    p_f.add_argument("--plain", action="store_true", help="429 as priority-and-fairness' plain text")
+    p_f.add_argument("--latency", type=float, default=0.0, help="seconds added before the answer")
+    p_f.add_argument("--drop", action="store_true", help="drop the connection without an answer")
+    p_f.add_argument("--rate", type=float, default=1.0, help="probability a matching request is hit (0..1)")
+    p_f.add_argument("--times", type=int, help="fire at most this many times")
+    p_c = cmds.add_parser("counters", help="requests by verb, bytes, etcd writes")
+    p_c.add_argument("--reset", action="store_true")
+    p_st = cmds.add_parser("stored", help="what etcd holds under a key prefix (apiVersion or encryption key)")
+    p_st.add_argument("prefix", nargs="?", default="/registry/", help="e.g. /registry/secrets/")
+    p_admin.set_defaults(func=admin)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except AdminError as exc:
+        print(f"kubesim admin: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""A client of kubesim's admin API (`/_kubesim/`), for tests, the demo, the
+benchmarks and `python -m kubesim admin`."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class AdminError(Exception):
+    """The admin API refused a command; the message says why."""
+
+
+def server_url(kubeconfig: Path | str, context: str | None = None) -> str:
+    doc = yaml.safe_load(Path(kubeconfig).read_text())
+    name = context or doc.get("current-context")
+    ctx = next((c["context"] for c in doc.get("contexts", []) if c["name"] == name), None)
+    if ctx is None:
+        raise AdminError(f"context {name!r} not found in {kubeconfig}")
+    cluster = next((c["cluster"] for c in doc.get("clusters", []) if c["name"] == ctx["cluster"]), None)
+    if cluster is None:
+        raise AdminError(f"cluster {ctx['cluster']!r} not found in {kubeconfig}")
+    return str(cluster["server"]).rstrip("/")
+
+
+class Admin:
+    def __init__(self, url: str, *, timeout: float = 30.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: Path | str, context: str | None = None) -> Admin:
+        return cls(server_url(kubeconfig, context))
+
+    def _call(self, method: str, route: str, body: Any = None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(
+            f"{self.url}/_kubesim/{route}", data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                message = json.loads(exc.read()).get("message", str(exc))
+            except ValueError:
+                message = str(exc)
+            raise AdminError(message) from None
+
+    def config(self) -> dict[str, Any]:
+        return dict(self._call("GET", "config"))
+
+    def set_storage_version(self, resource: str, version: str, *, group: str = "") -> dict[str, Any]:
+        return dict(self._call("PUT", "storage-version", {"resource": resource, "group": group, "version": version}))
+
+    def set_encryption(self, keys: list[str], *, resources: list[str] | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"keys": keys}
+        if resources is not None:
+            body["resources"] = resources
+        return dict(self._call("PUT", "encryption", body))
+
+    def compact(self) -> int:
+        return int(self._call("POST", "compact")["revision"])
+
+    def set_faults(self, rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return list(self._call("PUT", "faults", {"rules": rules})["rules"])
+
+    def faults(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "faults")["rules"])
+
+    def clear_faults(self) -> None:
+        self._call("DELETE", "faults")
+
+    def counters(self) -> dict[str, Any]:
+        return dict(self._call("GET", "counters"))
+
+    def reset_counters(self) -> dict[str, Any]:
+        return dict(self._call("DELETE", "counters"))

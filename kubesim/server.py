@@ -1,0 +1,635 @@
+"""The HTTP front of one simulated API server: routing, content negotiation,
+faults, counters, and the admin API under `/_kubesim/`.
+
+It speaks enough of the Kubernetes REST API that the official Python client and
+kubectl work against it unchanged (DESIGN 6): discovery, OpenAPI documents for
+kubectl's validation, GET/LIST/WATCH, POST, PUT, PATCH (merge, JSON,
+strategic), DELETE, the status subresource, metadata-only answers
+(`as=PartialObjectMetadata[List]`) and server-side tables (`as=Table`, with a
+CRD's printer columns).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from pydantic import ValidationError
+
+from kubesim import openapi, protobuf
+from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
+from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
+from kubesim.faults import FaultRule, Faults, reason_for
+from kubesim.registry import Registry, storage_group_resource
+from kubesim.resources import ResourceType
+from kubesim.selectors import field_selector, label_selector
+from kubesim.tables import to_table
+
+log = logging.getLogger("kubesim")
+
+META_GV = "meta.k8s.io/v1"
+_VERSION_RE = re.compile(r"^v\d+((alpha|beta)\d+)?$")
+_WATCH_TIMEOUT_DEFAULT = 1800.0
+
+
+def _media_types(accept: str) -> list[tuple[str, dict[str, str]]]:
+    out = []
+    for part in (accept or "application/json").split(","):
+        bits = [b.strip() for b in part.split(";")]
+        params = {}
+        for b in bits[1:]:
+            if "=" in b:
+                k, v = b.split("=", 1)
+                params[k.strip()] = v.strip()
+        out.append((bits[0].lower(), params))
+    return out
+
+
+def negotiate(accept: str) -> str:
+    """'json', 'table', 'metadata' (PartialObjectMetadata[List]); raise 406 otherwise."""
+    for media, params in _media_types(accept):
+        if media not in ("application/json", "*/*", "application/*"):
+            continue
+        as_ = params.get("as")
+        if as_ is None:
+            return "json"
+        if as_ == "Table" and params.get("g") == "meta.k8s.io" and params.get("v") in ("v1", "v1beta1"):
+            return "table"
+        if as_ in ("PartialObjectMetadata", "PartialObjectMetadataList") and params.get("g") == "meta.k8s.io":
+            return "metadata"
+    raise StatusError(406, "NotAcceptable", f"only the following media types are accepted: application/json ({accept})")
+
+
+def partial(obj: dict[str, Any]) -> dict[str, Any]:
+    return {"kind": "PartialObjectMetadata", "apiVersion": META_GV, "metadata": obj.get("metadata", {})}
+
+
+class Request:
+    """A parsed API path: which resource, which object, which verb."""
+
+    def __init__(self, method: str, path: str, query: dict[str, str]) -> None:
+        self.method = method
+        self.query = query
+        self.group = ""
+        self.version = ""
+        self.resource = ""
+        self.namespace: str | None = None
+        self.name: str | None = None
+        self.subresource: str | None = None
+        parts = [p for p in path.split("/") if p]
+        if parts[:1] == ["api"] and len(parts) >= 2:
+            self.version, rest = parts[1], parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            self.group, self.version, rest = parts[1], parts[2], parts[3:]
+        else:
+            raise resource_not_found()
+        if not rest:
+            raise resource_not_found()
+        if rest[0] == "namespaces" and len(rest) >= 3 and not (self.group == "" and rest[2] in ("status", "finalize")):
+            self.namespace, rest = rest[1], rest[2:]
+        self.resource = rest[0]
+        if len(rest) >= 2:
+            self.name = rest[1]
+        if len(rest) >= 3:
+            self.subresource = rest[2]
+        if len(rest) > 3:
+            raise resource_not_found()
+        self.watch = query.get("watch") in ("true", "1")
+        self.verb = self._verb()
+
+    def _verb(self) -> str:
+        m = self.method
+        if m == "GET":
+            if self.watch:
+                return "watch"
+            return "get" if self.name else "list"
+        if m == "POST":
+            return "create"
+        if m == "PUT":
+            return "update"
+        if m == "PATCH":
+            return "patch"
+        if m == "DELETE":
+            return "delete" if self.name else "deletecollection"
+        raise method_not_allowed()
+
+
+class ApiServer:
+    """One simulated kube-apiserver: a registry, faults and an HTTP listener."""
+
+    def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.registry = registry
+        self.faults = Faults()
+        self.started_at = time.time()
+        handler = type("BoundHandler", (Handler,), {"api": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self.host, self.port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
+        self._thread: threading.Thread | None = None
+        self.stopping = threading.Event()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> ApiServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"kubesim-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # ----- admin ----------------------------------------------------------
+    def admin_state(self) -> dict[str, Any]:
+        cfg = self.registry.config
+        return {
+            "serverID": cfg.server_id,
+            "storageVersions": {
+                storage_group_resource(rt): rt.storage_version for rt in self.registry.builtin_types() if not rt.virtual
+            },
+            "encryption": {"resources": sorted(cfg.encryption.resources), "keys": list(cfg.encryption.keys)},
+            "etcdURL": self.registry.etcd.url,
+            "etcdRevision": self.registry.etcd.revision(),
+        }
+
+    def set_storage_version(self, body: dict[str, Any]) -> dict[str, Any]:
+        resource = str(body.get("resource", ""))
+        group = str(body.get("group", ""))
+        version = str(body.get("version", ""))
+        if not _VERSION_RE.match(version):
+            raise bad_request(f"version {version!r} is not a Kubernetes API version (v1, v2beta1, ...)")
+        matches = [rt for rt in self.registry.builtin_types() if rt.resource == resource and rt.group == group]
+        if not matches:
+            crds = [rt for rt in self.registry.resource_types() if rt.resource == resource and rt.group == group]
+            if crds:
+                raise bad_request(
+                    f"{resource}.{group} is a custom resource: change its storage version through its CRD "
+                    "(spec.versions[].storage), as on a real cluster"
+                )
+            raise bad_request(f"no built-in resource {resource!r} in group {group!r}")
+        if matches[0].virtual:
+            raise bad_request(f"{matches[0].group_resource} is not stored: it has no storage version")
+        with self.registry.lock:
+            self.registry.config.storage_versions[storage_group_resource(matches[0])] = version
+        return self.admin_state()
+
+    def set_encryption(self, body: dict[str, Any]) -> dict[str, Any]:
+        keys = body.get("keys")
+        resources = body.get("resources")
+        if not isinstance(keys, list) or not all(isinstance(k, str) and re.match(r"^[A-Za-z0-9_-]+$", k) for k in keys):
+            raise bad_request("keys must be a list of key names (letters, digits, '-', '_'), write key first")
+        with self.registry.lock:
+            self.registry.config.encryption.keys = list(keys)
+            if resources is not None:
+                if not isinstance(resources, list):
+                    raise bad_request("resources must be a list of group-resources, e.g. ['secrets']")
+                self.registry.config.encryption.resources = {str(r) for r in resources}
+        return self.admin_state()
+
+    def compact(self) -> dict[str, Any]:
+        return {"revision": self.registry.etcd.compact()}
+
+    def counters(self) -> dict[str, Any]:
+        snap = self.faults.snapshot()
+        snap["etcdWrites"] = self.registry.etcd.writes
+        return snap
+
+    def set_faults(self, body: Any) -> dict[str, Any]:
+        raw = body.get("rules") if isinstance(body, dict) else body
+        if not isinstance(raw, list):
+            raise bad_request("expected {'rules': [...]}")
+        try:
+            rules = [FaultRule.model_validate(r) for r in raw]
+        except ValidationError as exc:
+            raise bad_request(f"invalid fault rule: {exc}") from exc
+        self.faults.set_rules(rules)
+        return {"rules": [r.model_dump() for r in self.faults.rules()]}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    api: ApiServer
+    server_version = "kubesim"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+    # Every method goes through one dispatcher.
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:
+        self._dispatch("PUT")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    # ----- plumbing -------------------------------------------------------
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _json_body(self, raw: bytes) -> Any:
+        if not raw:
+            return None
+        if (self.headers.get("Content-Type") or "").startswith(protobuf.CONTENT_TYPE):
+            return protobuf.decode(raw)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0]
+            if "yaml" in ctype:
+                import yaml
+
+                try:
+                    return yaml.safe_load(raw)
+                except yaml.YAMLError as exc:
+                    raise bad_request(f"the body of the request was not valid YAML: {exc}") from exc
+            raise bad_request(
+                "the body of the request was in an unknown format - accepted media types include: "
+                "application/json, application/yaml"
+            ) from None
+
+    def _send(
+        self, code: int, doc: Any, *, headers: dict[str, str] | None = None, ctype: str = "application/json"
+    ) -> None:
+        data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-cache, private")
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        self.api.faults.sent(len(data))
+
+    def _send_error(self, err: StatusError) -> None:
+        self._send(err.code, err.body(), headers=err.headers)
+
+    def _dispatch(self, method: str) -> None:
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        raw = self._body()
+        try:
+            if split.path.startswith("/_kubesim"):
+                self._admin(method, split.path, raw)
+                return
+            self._serve(method, split.path, query, raw)
+        except StatusError as err:
+            self._send_error(err)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:
+            log.exception("kubesim: %s %s failed", method, split.path)
+            self._send_error(StatusError(500, "InternalError", f"kubesim: {type(exc).__name__}: {exc}", details={}))
+
+    # ----- admin API --------------------------------------------------------
+    def _admin(self, method: str, path: str, raw: bytes) -> None:
+        body = self._json_body(raw) or {}
+        route = path[len("/_kubesim") :].strip("/")
+        api = self.api
+        if route == "config" and method == "GET":
+            self._send(200, api.admin_state())
+        elif route == "storage-version" and method in ("PUT", "POST"):
+            self._send(200, api.set_storage_version(body))
+        elif route == "encryption" and method in ("PUT", "POST"):
+            self._send(200, api.set_encryption(body))
+        elif route == "compact" and method == "POST":
+            self._send(200, api.compact())
+        elif route == "faults" and method in ("PUT", "POST"):
+            self._send(200, api.set_faults(body))
+        elif route == "faults" and method == "GET":
+            self._send(200, {"rules": [r.model_dump() for r in api.faults.rules()]})
+        elif route == "faults" and method == "DELETE":
+            self._send(200, api.set_faults({"rules": []}))
+        elif route == "counters" and method == "GET":
+            self._send(200, api.counters())
+        elif route == "counters" and method == "DELETE":
+            api.faults.reset()
+            api.registry.etcd.writes = 0
+            self._send(200, api.counters())
+        else:
+            raise StatusError(404, "NotFound", f"no admin route {method} /_kubesim/{route}", details={})
+
+    # ----- the Kubernetes API -------------------------------------------
+    def _serve(self, method: str, path: str, query: dict[str, str], raw: bytes) -> None:
+        registry = self.api.registry
+        if method == "GET":
+            doc = self._static(path)
+            if doc is not None:
+                self.api.faults.count("discovery", "", bytes_in=len(raw))
+                self._send(200, doc)
+                return
+        req = Request(method, path, query)
+        if not _VERSION_RE.match(req.version):
+            raise resource_not_found()
+        rt = registry.lookup(req.group, req.version, req.resource)
+        gr = rt.group_resource
+        self.api.faults.count(req.verb, gr, bytes_in=len(raw))
+        fault = self.api.faults.pick(
+            verb=req.verb, resource=gr, namespace=req.namespace, name=req.name, sub=req.subresource
+        )
+        if fault is not None and self._inject(fault):
+            return
+        self._check_verb(rt, req)
+        if req.namespace is None and rt.namespaced and req.verb not in ("list", "watch"):
+            raise resource_not_found()
+        if not rt.namespaced and req.namespace is not None:
+            raise resource_not_found()
+        self._handle(rt, req, raw)
+
+    def _inject(self, fault: FaultRule) -> bool:
+        """Apply a fault; True when it answered (or dropped) the request."""
+        if fault.latency:
+            time.sleep(fault.latency)
+        if fault.drop:
+            self.close_connection = True
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            return True
+        if fault.code is None:
+            return False
+        headers = {}
+        if fault.retry_after is not None:
+            headers["Retry-After"] = str(fault.retry_after)
+        if fault.code == 429 and fault.shape == "plain":
+            # priority-and-fairness rejects with plain text, not a Status
+            self._send(429, b"Too many requests, please try again later.\n", headers=headers, ctype="text/plain")
+            return True
+        details: dict[str, Any] = {}
+        if fault.retry_after is not None:
+            details["retryAfterSeconds"] = fault.retry_after
+        err = StatusError(
+            fault.code, fault.reason or reason_for(fault.code), fault.message, details=details, headers=headers
+        )
+        self._send_error(err)
+        return True
+
+    def _static(self, path: str) -> dict[str, Any] | None:
+        registry = self.api.registry
+        p = path.rstrip("/") or "/"
+        if p == "/version":
+            return dict(KUBE_VERSION)
+        if p in ("/healthz", "/livez", "/readyz"):
+            return None
+        if p == "/api":
+            return api_versions(f"{self.api.host}:{self.api.port}")
+        if p == "/apis":
+            return api_group_list(registry.resource_types())
+        if p.startswith("/openapi/"):
+            doc = openapi.document(registry.resource_types(), p)
+            if doc is None:
+                raise resource_not_found()
+            return doc
+        parts = [x for x in p.split("/") if x]
+        if parts[:1] == ["api"] and len(parts) == 2:
+            doc = resource_list(registry.resource_types(), "", parts[1])
+            if doc is None:
+                raise resource_not_found()
+            return doc
+        if parts[:1] == ["apis"] and len(parts) == 2:
+            doc = api_group(registry.resource_types(), parts[1])
+            if doc is None:
+                raise resource_not_found()
+            return doc
+        if parts[:1] == ["apis"] and len(parts) == 3:
+            doc = resource_list(registry.resource_types(), parts[1], parts[2])
+            if doc is None:
+                raise resource_not_found()
+            return doc
+        return None
+
+    def do_HEAD(self) -> None:
+        self._dispatch("GET")
+
+    def _check_verb(self, rt: ResourceType, req: Request) -> None:
+        if req.subresource:
+            if req.subresource not in rt.subresources or req.verb not in ("get", "update", "patch"):
+                raise resource_not_found() if req.subresource not in rt.subresources else method_not_allowed()
+            return
+        verbs = (
+            rt.verbs
+            if not rt.is_custom
+            else ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        )
+        if req.verb not in verbs:
+            raise method_not_allowed()
+
+    def _manager(self, req: Request) -> str:
+        if req.query.get("fieldManager"):
+            return req.query["fieldManager"]
+        agent = self.headers.get("User-Agent") or "unknown"
+        return agent.split("/")[0] or "unknown"
+
+    def _handle(self, rt: ResourceType, req: Request, raw: bytes) -> None:
+        registry = self.api.registry
+        dry_run = bool(req.query.get("dryRun"))
+        manager = self._manager(req)
+        accept = self.headers.get("Accept") or "application/json"
+        if req.verb == "get":
+            assert req.name is not None
+            obj = registry.get(rt, req.version, req.namespace, req.name)
+            self._send_object(rt, obj, accept, req)
+        elif req.verb == "list":
+            self._list(rt, req, accept)
+        elif req.verb == "watch":
+            self._watch(rt, req, accept)
+        elif req.verb == "create":
+            if req.name is not None:
+                raise method_not_allowed()
+            obj = registry.create(
+                rt, req.version, req.namespace, self._json_body(raw), manager=manager, dry_run=dry_run
+            )
+            self._send_object(rt, obj, accept, req, code=201)
+        elif req.verb == "update":
+            assert req.name is not None
+            body = self._json_body(raw)
+            obj = registry.update(
+                rt, req.version, req.namespace, req.name, lambda _current: body,
+                subresource=req.subresource, manager=manager, dry_run=dry_run,
+            )  # fmt: skip
+            self._send_object(rt, obj, accept, req)
+        elif req.verb == "patch":
+            assert req.name is not None
+            ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+            if ctype not in (
+                "application/merge-patch+json",
+                "application/strategic-merge-patch+json",
+                "application/json-patch+json",
+            ):
+                raise StatusError(
+                    415, "UnsupportedMediaType", f"the body of the request was in an unknown format - "
+                    f"accepted media types include: application/json-patch+json, application/merge-patch+json, "
+                    f"application/strategic-merge-patch+json ({ctype})", details={},
+                )  # fmt: skip
+            if ctype == "application/strategic-merge-patch+json" and rt.is_custom:
+                raise StatusError(
+                    415, "UnsupportedMediaType",
+                    "strategic merge patch is not supported for custom resources; use a merge patch", details={},
+                )  # fmt: skip
+            obj = registry.patch(
+                rt, req.version, req.namespace, req.name, ctype, self._json_body(raw),
+                subresource=req.subresource, manager=manager, dry_run=dry_run,
+            )  # fmt: skip
+            self._send_object(rt, obj, accept, req)
+        elif req.verb == "delete":
+            assert req.name is not None
+            opts = self._json_body(raw) or {}
+            pre = (opts.get("preconditions") if isinstance(opts, dict) else None) or {}
+            deleted = registry.delete(rt, req.version, req.namespace, req.name, preconditions=pre, dry_run=dry_run)
+            status = {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Success",
+                "details": {
+                    "name": req.name,
+                    **({"group": rt.group} if rt.group else {}),
+                    "kind": rt.resource,
+                    "uid": deleted["metadata"].get("uid"),
+                },
+            }
+            self._send(200, deleted if rt.is_custom else status)
+        elif req.verb == "deletecollection":
+            predicate = self._predicate(rt, req)
+            listed = registry.list(rt, req.version, req.namespace, predicate=predicate)
+            for obj in listed.items:
+                meta = obj["metadata"]
+                try:
+                    registry.delete(rt, req.version, meta.get("namespace"), meta["name"], dry_run=dry_run)
+                except StatusError as exc:
+                    if exc.code != 404:
+                        raise
+            self._send(200, self._list_doc(rt, req, listed.items, listed.resource_version, None, None, "json"))
+        else:
+            raise method_not_allowed()
+
+    def _send_object(self, rt: ResourceType, obj: dict[str, Any], accept: str, req: Request, code: int = 200) -> None:
+        mode = negotiate(accept)
+        if mode == "metadata":
+            self._send(code, partial(obj))
+        elif mode == "table":
+            self._send(code, to_table(rt, [obj], include=req.query.get("includeObject", "Metadata")))
+        else:
+            self._send(code, obj)
+
+    def _predicate(self, rt: ResourceType, req: Request) -> Any:
+        labels = label_selector(req.query.get("labelSelector"))
+        fields = field_selector(req.query.get("fieldSelector"), kind=rt.kind)
+        if not req.query.get("labelSelector") and not req.query.get("fieldSelector"):
+            return None
+        return lambda obj: labels(obj) and fields(obj)
+
+    def _list(self, rt: ResourceType, req: Request, accept: str) -> None:
+        mode = negotiate(accept)
+        try:
+            limit = int(req.query.get("limit") or 0)
+        except ValueError as exc:
+            raise bad_request(f"limit must be an integer: {req.query.get('limit')!r}") from exc
+        listed = self.api.registry.list(
+            rt,
+            req.version,
+            req.namespace,
+            limit=max(limit, 0),
+            continue_token=req.query.get("continue") or None,
+            resource_version=req.query.get("resourceVersion"),
+            resource_version_match=req.query.get("resourceVersionMatch"),
+            predicate=self._predicate(rt, req),
+        )
+        doc = self._list_doc(
+            rt, req, listed.items, listed.resource_version, listed.continue_token, listed.remaining, mode
+        )
+        self._send(200, doc)
+
+    def _list_doc(
+        self,
+        rt: ResourceType,
+        req: Request,
+        items: list[dict[str, Any]],
+        rv: str,
+        token: str | None,
+        remaining: int | None,
+        mode: str,
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {"resourceVersion": rv}
+        if token:
+            meta["continue"] = token
+        if remaining is not None:
+            meta["remainingItemCount"] = remaining
+        if mode == "table":
+            table = to_table(rt, items, include=req.query.get("includeObject", "Metadata"))
+            table["metadata"] = meta
+            return table
+        if mode == "metadata":
+            return {"kind": "PartialObjectMetadataList", "apiVersion": META_GV, "metadata": meta,
+                    "items": [partial(o) for o in items]}  # fmt: skip
+        # Items of a list carry no apiVersion/kind (reference/list-page1-limit2.json).
+        return {
+            "kind": f"{rt.kind}List",
+            "apiVersion": rt.group_version(req.version),
+            "metadata": meta,
+            "items": [{k: v for k, v in o.items() if k not in ("apiVersion", "kind")} for o in items],
+        }
+
+    def _watch(self, rt: ResourceType, req: Request, accept: str) -> None:
+        mode = negotiate(accept)
+        predicate = self._predicate(rt, req) or (lambda obj: True)
+        timeout = float(req.query.get("timeoutSeconds") or _WATCH_TIMEOUT_DEFAULT)
+        events, cancel = self.api.registry.watch(
+            rt,
+            req.version,
+            req.namespace,
+            resource_version=req.query.get("resourceVersion"),
+            predicate=predicate,
+            send_initial=req.query.get("sendInitialEvents") == "true",
+        )
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.end_headers()
+        deadline = time.monotonic() + timeout
+        try:
+            for event in events:
+                if self.api.stopping.is_set() or time.monotonic() > deadline:
+                    break
+                if event is None:
+                    continue
+                obj = event.obj
+                if event.type in ("ADDED", "MODIFIED", "DELETED"):
+                    if mode == "metadata":
+                        obj = partial(obj)
+                    elif mode == "table":
+                        obj = to_table(rt, [obj], include=req.query.get("includeObject", "Metadata"))
+                line = json.dumps({"type": event.type, "object": obj}).encode() + b"\n"
+                self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                self.wfile.flush()
+                self.api.faults.sent(len(line))
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass
+        finally:
+            cancel()
+            self.close_connection = True

@@ -55,13 +55,15 @@ def api(kubesim: Any) -> Iterator[ApiClient]:
     client.close()  # type: ignore[no-untyped-call]
 
 
-def make_configmaps(api: ApiClient, namespace: str, count: int) -> list[str]:
+def make_configmaps(api: ApiClient, namespace: str, count: int, *, padding: int = 0) -> list[str]:
     core = k8s.CoreV1Api(api)
     names = [f"cm-{i:03d}" for i in range(count)]
     for name in names:
         core.create_namespaced_config_map(
             namespace,
-            k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=name), data={"k": SENTINEL}),
+            k8s.V1ConfigMap(
+                metadata=k8s.V1ObjectMeta(name=name), data={"k": SENTINEL, **({"pad": "x" * padding} if padding else {})}
+            ),
         )
     return names
 
@@ -93,11 +95,11 @@ def test_cluster_wide_list_reaches_every_namespace(api: ApiClient, namespace: st
 
 
 def test_metadata_only_list_carries_no_data(api: ApiClient, namespace: str) -> None:
-    make_configmaps(api, namespace, 2)
+    make_configmaps(api, namespace, 2, padding=4096)
     full = list_page(api, CONFIGMAPS, limit=10, namespace=namespace, metadata_only=False)
     meta = list_page(api, CONFIGMAPS, limit=10, namespace=namespace, metadata_only=True)
     assert full.kind == "ConfigMapList"
-    assert all(item["data"] == {"k": SENTINEL} for item in full.items)
+    assert all(item["data"]["k"] == SENTINEL for item in full.items)
     assert meta.kind == "PartialObjectMetadataList"
     assert len(meta.items) == 2
     for item in meta.items:

@@ -20,9 +20,9 @@ import pytest
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from kubesim.admin import Admin  # noqa: E402
-from kubesim.cluster import Cluster  # noqa: E402
-from kubesim.etcd import EtcdStore  # noqa: E402
+from kubesim.admin import Admin
+from kubesim.cluster import Cluster
+from kubesim.etcd import EtcdStore
 
 
 @dataclass

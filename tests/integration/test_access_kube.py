@@ -62,7 +62,8 @@ def make_configmaps(api: ApiClient, namespace: str, count: int, *, padding: int 
         core.create_namespaced_config_map(
             namespace,
             k8s.V1ConfigMap(
-                metadata=k8s.V1ObjectMeta(name=name), data={"k": SENTINEL, **({"pad": "x" * padding} if padding else {})}
+                metadata=k8s.V1ObjectMeta(name=name),
+                data={"k": SENTINEL, **({"pad": "x" * padding} if padding else {})},
             ),
         )
     return names

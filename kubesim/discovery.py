@@ -83,9 +83,27 @@ def api_group(types: list[ResourceType], group: str) -> dict[str, Any] | None:
     }
 
 
+# The order of /apis on a real kube-apiserver (reference/discovery-apis.json): the
+# aggregator sorts groups by priority, and clients resolve a resource name served
+# by two groups to the first. CRD groups come after the built-ins, by name.
+_BUILTIN_GROUP_ORDER = [
+    "apiregistration.k8s.io", "apps", "events.k8s.io", "authentication.k8s.io", "authorization.k8s.io",
+    "autoscaling", "batch", "certificates.k8s.io", "networking.k8s.io", "policy", "rbac.authorization.k8s.io",
+    "storage.k8s.io", "admissionregistration.k8s.io", "apiextensions.k8s.io", "scheduling.k8s.io",
+    "coordination.k8s.io", "node.k8s.io", "discovery.k8s.io", "resource.k8s.io", "flowcontrol.apiserver.k8s.io",
+    "internal.apiserver.k8s.io", "storagemigration.k8s.io",
+]  # fmt: skip
+
+
+def _group_order(group: str) -> tuple[int, str]:
+    if group in _BUILTIN_GROUP_ORDER:
+        return (_BUILTIN_GROUP_ORDER.index(group), "")
+    return (len(_BUILTIN_GROUP_ORDER), group)
+
+
 def api_group_list(types: list[ResourceType]) -> dict[str, Any]:
     groups = []
-    for group in _group_versions(types):
+    for group in sorted(_group_versions(types), key=_group_order):
         doc = api_group(types, group)
         if doc is not None:
             groups.append({k: v for k, v in doc.items() if k not in ("kind", "apiVersion")})

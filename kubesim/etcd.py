@@ -11,9 +11,11 @@ reads at a past revision (continue tokens) and compare-and-swap on
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import queue
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -38,6 +40,16 @@ class Compacted(Exception):
 
 class EtcdUnavailable(Exception):
     """etcd did not answer."""
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the etcd child when the process that started it dies, even by SIGKILL.
+
+    Tests kill migrator and kubesim processes on purpose; their etcd must not outlive them.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def free_port() -> int:
@@ -93,7 +105,7 @@ class EtcdProcess:
             "--logger", "zap",
         ]  # fmt: skip
         log = open(self._log_path, "wb")  # noqa: SIM115 - owned by the child
-        self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
         log.close()
         store = EtcdStore(self.url)
         deadline = time.monotonic() + timeout

@@ -98,12 +98,23 @@ def encode_continue(rv: int, start: str) -> str:
 
 
 def decode_continue(token: str) -> tuple[int, str]:
+    """(rv, start key relative to the listed prefix).
+
+    As apiserver's storage.DecodeContinue: a leading "/" is optional (the real
+    server's page-2 token starts "/bar-4\\u0000", list-page2-limit2.json), and a
+    start that path.Clean would change (``..``, ``.``, ``//``) is refused, so a
+    token cannot range outside the listed prefix.
+    """
     try:
         raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
         doc = json.loads(raw)
         if doc.get("v") != "meta.k8s.io/v1":
             raise ValueError("unknown version")
-        return int(doc["rv"]), str(doc["start"])
+        rv, start = int(doc["rv"]), str(doc["start"])
+        key = start if start.startswith("/") else "/" + start
+        if key != "/" and any(seg in ("", ".", "..") for seg in key[1:].split("/")):
+            raise ValueError(start)
+        return rv, key[1:]
     except (ValueError, KeyError, TypeError) as exc:
         raise bad_request(f"continue key is not valid: {exc}") from exc
 
@@ -579,8 +590,19 @@ class Registry:
                 raise conflict(rt.resource, rt.group, name)
             if rt.resource == "namespaces" and not rt.group:
                 self._delete_namespace_contents(name)
+            if rt.resource == "customresourcedefinitions":
+                self._delete_custom_resources(stored.obj)
             self._after_write(rt)
         return current
+
+    def _delete_custom_resources(self, crd: dict[str, Any]) -> None:
+        # The CRD finalizer's work, done at once: a CRD's objects go with it.
+        crd_type = resource_from_crd(crd)
+        if crd_type is None:
+            return
+        prefix = crd_type.list_prefix(None)
+        for kv in self.etcd.range(prefix, prefix_end(prefix), keys_only=True).kvs:
+            self.etcd.delete(kv.key, mod_revision=kv.mod_revision)
 
     def _delete_namespace_contents(self, namespace: str) -> None:
         # The namespace controller's work, done at once (no Terminating phase).

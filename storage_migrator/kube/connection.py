@@ -21,6 +21,7 @@ from kubernetes.client import ApiClient, Configuration
 from storage_migrator.settings import Settings
 
 __all__ = [
+    "ConnectionConfigError",
     "api_client_from_config_dict",
     "api_client_from_settings",
     "running_in_cluster",
@@ -28,6 +29,10 @@ __all__ = [
 
 #: Connections kept besides the write workers (a LIST or a status write at once).
 _SPARE_CONNECTIONS = 4
+
+
+class ConnectionConfigError(Exception):
+    """The cluster credentials could not be loaded; the message says from where and what to fix."""
 
 
 def running_in_cluster() -> bool:
@@ -55,14 +60,27 @@ def api_client_from_settings(settings: Settings) -> ApiClient:
     use_in_cluster = settings.in_cluster
     if use_in_cluster is None:
         use_in_cluster = settings.kubeconfig is None and running_in_cluster()
-    if use_in_cluster:
-        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        kube_config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-            context=settings.context,
-            client_configuration=configuration,
+    try:
+        if use_in_cluster:
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            kube_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+                context=settings.context,
+                client_configuration=configuration,
+            )
+    except kube_config.ConfigException as exc:
+        source = (
+            "the pod's service account"
+            if use_in_cluster
+            else f"kubeconfig {settings.kubeconfig or os.environ.get('KUBECONFIG') or '~/.kube/config'}"
+            + (f" (context {settings.context!r})" if settings.context else "")
         )
+        raise ConnectionConfigError(
+            f"cannot load cluster credentials from {source}: {str(exc).rstrip('.')}. Point STORAGE_MIGRATOR_KUBECONFIG "
+            "(or KUBECONFIG, or --kubeconfig) at a valid kubeconfig and STORAGE_MIGRATOR_CONTEXT at one of its "
+            "contexts, or run in a pod with a service account."
+        ) from exc
     return ApiClient(configuration=configuration)
 
 

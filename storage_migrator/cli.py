@@ -1,0 +1,87 @@
+"""The `storage-migrator` command.
+
+Design decision: the CLI reads the cluster through the same access layer as
+the flows (so what it shows is what they see) and prints tables like `kubectl
+get`. It grows with the flows: today it shows discovery, the input of
+detection (seed 000: the storageVersionHash of every persisted resource).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from storage_migrator.kube.connection import ConnectionConfigError, api_client_from_settings
+from storage_migrator.kube.discovery import Discovery, discover, pick_preferred
+from storage_migrator.kube.errors import KubeError
+from storage_migrator.settings import Settings
+
+__all__ = ["main"]
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def _discovery_rows(found: Discovery, *, show_all: bool) -> list[list[str]]:
+    resources = found.resources if show_all else [r for r in pick_preferred(found.resources) if r.persisted]
+    rows = [["RESOURCE", "GROUP", "VERSION", "KIND", "NAMESPACED", "STORAGE VERSION HASH"]]
+    for r in sorted(resources, key=lambda r: (r.group, r.resource, r.version)):
+        rows.append([r.resource, r.group or "(core)", r.version, r.kind, str(r.namespaced).lower(),
+                     r.storage_version_hash or "-"])  # fmt: skip
+    return rows
+
+
+def _cmd_discover(args: argparse.Namespace, settings: Settings) -> int:
+    api = api_client_from_settings(settings)
+    try:
+        found = discover(api, timeout=settings.request_timeout_seconds)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    if args.output == "json":
+        print(json.dumps(found.model_dump(mode="json"), indent=2))
+    else:
+        print(_table(_discovery_rows(found, show_all=args.all)))
+    for failure in found.failed:
+        print(
+            f"warning: could not read {failure.group_version}: {failure.code} {failure.reason}: {failure.message}",
+            file=sys.stderr,
+        )
+    return 1 if found.failed else 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(
+        prog="storage-migrator",
+        description="Kubernetes storage version migration as Prefect flows.",
+    )
+    top.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: STORAGE_MIGRATOR_KUBECONFIG, KUBECONFIG)")
+    top.add_argument("--context", help="kubeconfig context (default: the current one)")
+    sub = top.add_subparsers(dest="command", required=True)
+    p_disc = sub.add_parser(
+        "discover",
+        help="persisted resources and their storage version hashes, as detection sees them",
+    )
+    p_disc.add_argument("--all", action="store_true", help="every version and sub-resource, not just preferred")
+    p_disc.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p_disc.set_defaults(func=_cmd_discover)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    overrides = {k: v for k, v in {"kubeconfig": args.kubeconfig, "context": args.context}.items() if v is not None}
+    try:
+        settings = Settings(**overrides)
+        return int(args.func(args, settings))
+    except (KubeError, ConnectionConfigError) as exc:
+        print(f"storage-migrator: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from kubesim import storageversions
 from kubesim.etcd import EtcdProcess, EtcdStore
 from kubesim.registry import Registry, ServerConfig
 from kubesim.server import ApiServer
@@ -70,11 +71,25 @@ class Cluster:
     def add_server(self, *, port: int = 0, config: ServerConfig | None = None) -> ApiServer:
         registry = Registry(EtcdStore(self.etcd_url), config)
         registry.ensure_default_namespaces()
+        storageversions.publish(registry)
         server = ApiServer(registry, port=port).start()
         self.servers.append(server)
         if self.kubeconfig is not None:
             self.write_kubeconfig(self.kubeconfig)
         return server
+
+    def remove_server(self, index: int) -> None:
+        """Stop one API server of an HA cluster (a rolling upgrade takes it down).
+
+        Its StorageVersion entries are withdrawn at once; kube-apiserver's
+        garbage collector does that once the server's identity lease expires.
+        """
+        server = self.servers.pop(index)
+        server.stop()
+        storageversions.publish(server.registry, withdraw=True)
+        server.registry.etcd.close()
+        if self.kubeconfig is not None:
+            self.write_kubeconfig(self.kubeconfig)
 
     def write_kubeconfig(self, path: Path | str) -> Path:
         path = Path(path)

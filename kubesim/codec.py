@@ -67,10 +67,13 @@ def decrypt(value: bytes, read_keys: list[str]) -> tuple[bytes, str]:
     if key_name not in read_keys:
         raise DecodeError(f"no read key named {key_name!r}: the value cannot be decrypted")
     iv, body = payload[:16], payload[16:]
-    decryptor = Cipher(algorithms.AES(_secret(key_name)), modes.CBC(iv)).decryptor()
-    padded = decryptor.update(body) + decryptor.finalize()
-    unpadder = padding.PKCS7(128).unpadder()
-    return unpadder.update(padded) + unpadder.finalize(), key_name
+    try:
+        decryptor = Cipher(algorithms.AES(_secret(key_name)), modes.CBC(iv)).decryptor()
+        padded = decryptor.update(body) + decryptor.finalize()
+        unpadder = padding.PKCS7(128).unpadder()
+        return unpadder.update(padded) + unpadder.finalize(), key_name
+    except ValueError as exc:  # short IV, partial block, bad padding: corrupt bytes
+        raise DecodeError(f"the value under key {key_name!r} cannot be decrypted: {exc}") from exc
 
 
 def canonical_json(obj: dict[str, Any]) -> bytes:

@@ -91,15 +91,20 @@ def _owner_reference(v: bytes) -> dict[str, Any]:
 
 
 def object_meta(v: bytes) -> dict[str, Any]:
+    # Go's generated Marshal writes every scalar, empty or not; Go's JSON drops
+    # the empty ones (omitempty), so a decoded "" or 0 must not reach the object.
     strings = {1: "name", 2: "generateName", 3: "namespace", 5: "uid", 6: "resourceVersion"}
     meta: dict[str, Any] = {}
     for n, _, x in fields(v):
         if n in strings:
-            meta[strings[n]] = _str(x)
+            if x:
+                meta[strings[n]] = _str(x)
         elif n == 7:
-            meta["generation"] = x
+            if x:
+                meta["generation"] = x
         elif n == 8:
-            meta["creationTimestamp"] = _time(x)
+            if any(tn == 1 and tv for tn, _, tv in fields(x)):
+                meta["creationTimestamp"] = _time(x)
         elif n == 11:
             k, val = _map_entry(x, _str)
             meta.setdefault("labels", {})[k] = val
@@ -142,7 +147,8 @@ def _secret(raw: bytes) -> dict[str, Any]:
             k, val = _map_entry(x, _b64)
             obj.setdefault("data", {})[k] = val
         elif n == 3:
-            obj["type"] = _str(x)
+            if x:
+                obj["type"] = _str(x)
         elif n == 4:
             k, val = _map_entry(x, _str)
             obj.setdefault("stringData", {})[k] = val

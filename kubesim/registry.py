@@ -420,12 +420,16 @@ class Registry:
         if rt.resource == "namespaces" and not rt.group:
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
             obj["status"] = {"phase": "Active"}
+        if rt.resource == "secrets" and not rt.group and not obj.get("type"):
+            obj["type"] = "Opaque"  # SetDefaults_Secret (kubectl create secret generic sends none)
         if rt.resource == "customresourcedefinitions":
             validate_crd(obj)
             obj["status"] = crd_status(obj, None)
         return obj
 
     def _prepare_for_update(self, rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+        if rt.resource == "secrets" and not rt.group and not new.get("type"):
+            new["type"] = "Opaque"  # defaulted on every write, as on create
         if rt.resource == "customresourcedefinitions":
             validate_crd(new)
             new["status"] = crd_status(new, old.get("status") or {}, requested=new.get("status"))

@@ -178,6 +178,11 @@ def builtin_resources() -> list[ResourceType]:
             "apiregistration.k8s.io", "apiservices", "APIService", namespaced=False, categories=["api-extensions"],
             subresources=["status"], group_in_key=True,
         ),
+        # The StorageVersion API (seed 001 as shipped: reference/storageversion-core-secrets.json).
+        _builtin(
+            "internal.apiserver.k8s.io", "storageversions", "StorageVersion", namespaced=False, version="v1alpha1",
+            subresources=["status"],
+        ),
     ]  # fmt: skip
 
 

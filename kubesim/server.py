@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
-from kubesim import openapi, protobuf
+from kubesim import openapi, protobuf, storageversions
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
@@ -184,6 +184,7 @@ class ApiServer:
             raise bad_request(f"{matches[0].group_resource} is not stored: it has no storage version")
         with self.registry.lock:
             self.registry.config.storage_versions[storage_group_resource(matches[0])] = version
+        storageversions.publish(self.registry)
         return self.admin_state()
 
     def set_encryption(self, body: dict[str, Any]) -> dict[str, Any]:

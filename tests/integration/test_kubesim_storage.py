@@ -176,7 +176,9 @@ def test_noop_update_and_patch_write_nothing(kubesim: Any, namespace: str) -> No
     current = ok(call(url, "GET", cm_path(namespace, "noop")))
     put = ok(call(url, "PUT", cm_path(namespace, "noop"), current))
     same_value = ok(call(url, "PATCH", cm_path(namespace, "noop"), {"data": {"k": "v"}}, content_type=MERGE))
-    rv_only = ok(call(url, "PATCH", cm_path(namespace, "noop"), {"metadata": {"resourceVersion": rv}}, content_type=MERGE))
+    rv_only = ok(
+        call(url, "PATCH", cm_path(namespace, "noop"), {"metadata": {"resourceVersion": rv}}, content_type=MERGE)
+    )
     empty = ok(call(url, "PATCH", cm_path(namespace, "noop"), {}, content_type=MERGE))
 
     for answer in (put, same_value, rv_only, empty):
@@ -380,9 +382,10 @@ def test_stale_resource_version_is_409_for_put_and_patch(kubesim: Any, namespace
             "please apply your changes to the latest version and try again"
         )
     assert stored(kubesim, f"/registry/configmaps/{namespace}/stale")[0] == kv_before
-    assert ok(call(url, "GET", cm_path(namespace, "stale")))["metadata"]["resourceVersion"] == fresh["metadata"][
-        "resourceVersion"
-    ]
+    assert (
+        ok(call(url, "GET", cm_path(namespace, "stale")))["metadata"]["resourceVersion"]
+        == fresh["metadata"]["resourceVersion"]
+    )
 
 
 def test_writes_to_a_deleted_object_are_404(kubesim: Any, namespace: str) -> None:
@@ -694,7 +697,9 @@ def test_status_subresource_and_generation(kubesim: Any, namespace: str) -> None
         assert created["metadata"]["generation"] == 1
 
         on_status = ok(
-            call(url, "PATCH", path + "/status", {"spec": {"size": 99}, "status": {"phase": "Ready"}}, content_type=MERGE)
+            call(
+                url, "PATCH", path + "/status", {"spec": {"size": 99}, "status": {"phase": "Ready"}}, content_type=MERGE
+            )
         )
         assert (on_status["spec"], on_status["status"]) == ({"size": 1}, {"phase": "Ready"})
         assert on_status["metadata"]["generation"] == 1
@@ -728,7 +733,10 @@ def test_deleting_a_namespace_deletes_its_objects(kubesim: Any) -> None:
     """A namespace's objects go with it (the namespace controller's work)."""
     url = kubesim.url
     ns = unique("doomed")
-    ok(call(url, "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}), 201)
+    ok(
+        call(url, "POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        201,
+    )
     try:
         create_cm(url, ns, "cm")
         make_secret(url, ns, "secret")

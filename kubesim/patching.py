@@ -123,6 +123,17 @@ def _add(doc: Any, path: str, value: Any, *, replace: bool) -> Any:
     return doc
 
 
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equality of JSON values: Python's `1 == True` is not JSON's (RFC 6902 4.6)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
 def json_patch(target: Any, ops: Any) -> Any:
     """RFC 6902."""
     if not isinstance(ops, list):
@@ -139,7 +150,7 @@ def json_patch(target: Any, ops: Any) -> Any:
         elif kind == "remove":
             _remove(doc, path)
         elif kind == "test":
-            if _get(doc, path) != op.get("value"):
+            if not _json_equal(_get(doc, path), op.get("value")):
                 raise PatchError(f"test operation failed at {path}")
         elif kind in ("move", "copy"):
             value = _get(doc, op.get("from", ""))

@@ -52,6 +52,8 @@ def fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
             value, pos = data[pos : pos + 4], pos + 4
         else:
             raise ValueError(f"unsupported wire type {wire}")
+        if pos > len(data):
+            raise ValueError(f"field {number} runs past the end of its message")
         yield number, wire, value
 
 

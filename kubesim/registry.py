@@ -367,6 +367,11 @@ class Registry:
         body_ns = (meta or {}).get("namespace")
         if rt.namespaced and body_ns and namespace and body_ns != namespace:
             raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        if meta:
+            # ObjectMeta's maps and lists are omitempty: removing the last label leaves no `labels: {}`.
+            for empty in [k for k in ("labels", "annotations", "finalizers", "ownerReferences") if k in meta]:
+                if not meta[empty]:
+                    del meta[empty]
         return body
 
     def create(

@@ -23,7 +23,8 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -40,8 +41,6 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MIGRATION_CRDS = ("storagestates.migration.k8s.io", "storageversionmigrations.migration.k8s.io")
 
 pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
-
-Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def call(url: str, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
@@ -72,31 +71,33 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def kubectl(kubesim: Any, tmp_path: Path) -> Kubectl:
-    """Run kubectl with kubesim's kubeconfig; HOME is the test's own, so the
+@dataclass(frozen=True)
+class Kubectl:
+    """kubectl with kubesim's kubeconfig and a HOME of the test's own, so the
     discovery cache starts empty and nothing is written to the real one."""
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
 
-    def run(
-        *args: str, check: bool = True, timeout: float = 60, stdin: str | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [KUBECTL, "--kubeconfig", kubesim.kubeconfig, *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            input=stdin,
-        )
+    kubeconfig: str
+    home: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)}
+
+    def argv(self, *args: str) -> list[str]:
+        return [KUBECTL, "--kubeconfig", self.kubeconfig, *args]
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env)
         if check:
             assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
         return proc
 
-    run.env = env  # type: ignore[attr-defined]
-    return run
+
+@pytest.fixture
+def kubectl(kubesim: Any, tmp_path: Path) -> Kubectl:
+    home = tmp_path / "home"
+    home.mkdir()
+    return Kubectl(kubeconfig=kubesim.kubeconfig, home=home)
 
 
 @pytest.fixture
@@ -178,7 +179,9 @@ def test_get_with_chunk_size_pages_through_every_object(kubesim: Any, kubectl: K
     assert all(q["limit"] == ["2"] for q in queries)
     assert "continue" not in queries[0]
     assert all("continue" in q for q in queries[1:])
-    tokens = [json.loads(base64.urlsafe_b64decode(q["continue"][0] + "==")) for q in queries[1:]]
+    tokens = [
+        json.loads(base64.urlsafe_b64decode(q["continue"][0] + "=" * (-len(q["continue"][0]) % 4))) for q in queries[1:]
+    ]
     assert len({t["rv"] for t in tokens}) == 1  # every page from one snapshot
 
 
@@ -422,10 +425,12 @@ def test_wait_returns_once_the_condition_is_set(
     watches = "watch storageversionmigrations.migration.k8s.io"
     before = kubesim.admin.counters()["requestsByResource"].get(watches, 0)
     waiter = subprocess.Popen(
-        [KUBECTL, "--kubeconfig", kubesim.kubeconfig, "wait", "--for=condition=Succeeded",
-         f"storageversionmigration/{name}", "--timeout=30s"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=kubectl.env,  # type: ignore[attr-defined]
-    )  # fmt: skip
+        kubectl.argv("wait", "--for=condition=Succeeded", f"storageversionmigration/{name}", "--timeout=30s"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=kubectl.env,
+    )
     try:
         deadline = time.monotonic() + 20
         while kubesim.admin.counters()["requestsByResource"].get(watches, 0) == before:

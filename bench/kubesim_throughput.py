@@ -61,10 +61,14 @@ def main() -> None:
             return read_object_bytes(api, CONFIGMAPS, name=names[i], namespace=NAMESPACE)
 
         def patch(i: int) -> object:
-            return rewrite_with_patch(api, CONFIGMAPS, name=names[i], namespace=NAMESPACE, resource_version=rvs[names[i]])
+            return rewrite_with_patch(
+                api, CONFIGMAPS, name=names[i], namespace=NAMESPACE, resource_version=rvs[names[i]]
+            )
 
         def put(i: int) -> object:
-            return rewrite_with_put(api, CONFIGMAPS, body=read_object_bytes(api, CONFIGMAPS, name=names[i], namespace=NAMESPACE))
+            return rewrite_with_put(
+                api, CONFIGMAPS, body=read_object_bytes(api, CONFIGMAPS, name=names[i], namespace=NAMESPACE)
+            )
 
         get_rate = timed(n, get)
         unchanged_rate = timed(n, patch)

@@ -503,6 +503,16 @@ class Registry:
         if rv not in (None, "") and str(rv) != current["metadata"]["resourceVersion"]:
             raise conflict(rt.resource, rt.group, name)
         cur_meta = current["metadata"]
+        uid = proposed_meta.get("uid")
+        if uid not in (None, "") and uid != cur_meta.get("uid"):
+            # kube-apiserver treats a uid in the body as a precondition (the object was re-created).
+            raise StatusError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on {rt.group_resource} "{name}": Precondition failed: '
+                f"UID in precondition: {uid}, UID in object meta: {cur_meta.get('uid')}",
+                details={"name": name, **({"group": rt.group} if rt.group else {}), "kind": rt.resource},
+            )
         if subresource == "status":
             new = copy.deepcopy(current)
             if "status" in proposed:

@@ -77,8 +77,8 @@ def _columns(rt: ResourceType) -> list[dict[str, Any]]:
 
 def human_duration(seconds: float) -> str:
     """apimachinery's duration.HumanDuration, which CRD `date` columns are shown in."""
-    s = int(seconds)
-    if seconds < -1:
+    s = int(seconds)  # Go's int(d.Seconds()) truncates toward zero: -1.5s is "0s"
+    if s < -1:
         return "<invalid>"
     if s < 0:
         return "0s"

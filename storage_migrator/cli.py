@@ -59,7 +59,9 @@ def parser() -> argparse.ArgumentParser:
         prog="storage-migrator",
         description="Kubernetes storage version migration as Prefect flows.",
     )
-    top.add_argument("--kubeconfig", type=Path, help="kubeconfig file (default: STORAGE_MIGRATOR_KUBECONFIG, KUBECONFIG)")
+    top.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig file (default: STORAGE_MIGRATOR_KUBECONFIG, KUBECONFIG)"
+    )
     top.add_argument("--context", help="kubeconfig context (default: the current one)")
     sub = top.add_subparsers(dest="command", required=True)
     p_disc = sub.add_parser(

@@ -79,7 +79,9 @@ def test_serve_then_admin_then_sigterm_stops_everything(tmp_path: Path) -> None:
         assert "not a Kubernetes API version" in bad.stderr
 
         kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "faults", "add", "--verb", "list", "--code", "503")
-        assert json.loads(kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "faults", "list").stdout)[0]["code"] == 503
+        assert (
+            json.loads(kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "faults", "list").stdout)[0]["code"] == 503
+        )
         failed = subprocess.run(
             ["kubectl", "--kubeconfig", str(kubeconfig), "get", "configmaps", "--request-timeout=5s"],
             capture_output=True, text=True, timeout=60,

@@ -237,9 +237,7 @@ def widget_crd(storage: str) -> dict[str, Any]:
             "group": "bars.example.com",
             "scope": "Namespaced",
             "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-            "versions": [
-                {"name": v, "served": True, "storage": v == storage, "schema": schema} for v in ("v1", "v2")
-            ],
+            "versions": [{"name": v, "served": True, "storage": v == storage, "schema": schema} for v in ("v1", "v2")],
         },
     }
 
@@ -572,4 +570,3 @@ def test_crd_key_and_custom_resource_value(http: Http, kubesim: Any, namespace: 
     kv, _ = kubesim.etcd.get(f"/registry/bars.example.com/widgets/{namespace}/w000001".encode())
     assert kv is not None
     assert kv.value.startswith(b'{"apiVersion":"bars.example.com/v1","kind":"Widget","metadata":{')
-

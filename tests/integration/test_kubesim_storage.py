@@ -124,7 +124,7 @@ def api(kubesim: Any) -> Iterator[ApiClient]:
 
 def crd_manifest(group: str, *, status: bool = False) -> dict[str, Any]:
     schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
-    sub = {"subresources": {"status": {}}} if status else {}
+    sub: dict[str, Any] = {"subresources": {"status": {}}} if status else {}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from storage_migrator.kube.connection import (
+    ConnectionConfigError,
     api_client_from_config_dict,
     api_client_from_settings,
 )
@@ -52,5 +53,7 @@ def test_in_cluster_is_chosen_automatically_in_a_pod(tmp_path: Path, monkeypatch
 
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    with pytest.raises(ConfigException, match="Service"):
+    with pytest.raises(ConnectionConfigError, match="service account") as info:
         api_client_from_settings(Settings())
+    assert isinstance(info.value.__cause__, ConfigException)
+    assert "Service token file does not exist" in str(info.value)

@@ -25,11 +25,15 @@ CONFIGMAP: dict[str, Any] = {
     "data": {"k": SENTINEL, "ü": "ß ✓"},
 }
 
-json_scalars = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(st.characters(exclude_categories=["Cs"]))
+json_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(st.characters(exclude_categories=["Cs"]))
+)
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.text(st.characters(exclude_categories=["Cs"]), max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(st.characters(exclude_categories=["Cs"]), max_size=8), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 objects = st.fixed_dictionaries(
@@ -38,7 +42,10 @@ objects = st.fixed_dictionaries(
         "kind": st.sampled_from(["ConfigMap", "Secret", "Widget"]),
         "metadata": st.fixed_dictionaries(
             {"name": st.from_regex(r"[a-z0-9]{1,10}", fullmatch=True)},
-            optional={"resourceVersion": st.integers(1, 10**9).map(str), "labels": st.dictionaries(st.text(), st.text())},
+            optional={
+                "resourceVersion": st.integers(1, 10**9).map(str),
+                "labels": st.dictionaries(st.text(), st.text()),
+            },
         ),
     },
     optional={"data": st.dictionaries(st.text(), st.text()), "spec": json_values},

@@ -73,13 +73,7 @@ def test_configmap() -> None:
         namespace="default",
         extra=entry(11, "app", "web") + entry(12, "note", "hi") + ld(14, "example.com/f") + vi(7, 3),
     )
-    raw = (
-        ld(1, meta)
-        + entry(2, "k", "v")
-        + entry(2, "k2", "")
-        + entry(3, "bin", b"\x00\x01\xff")
-        + vi(4, 1)
-    )
+    raw = ld(1, meta) + entry(2, "k", "v") + entry(2, "k2", "") + entry(3, "bin", b"\x00\x01\xff") + vi(4, 1)
     assert protobuf.decode(envelope("v1", "ConfigMap", raw)) == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -164,7 +158,11 @@ def test_unknown_fields_are_skipped() -> None:
     assert doc["data"] == {"k": "v"}
 
 
-@given(st.dictionaries(st.text(st.characters(exclude_categories=["Cs"])), st.text(st.characters(exclude_categories=["Cs"]))))
+@given(
+    st.dictionaries(
+        st.text(st.characters(exclude_categories=["Cs"])), st.text(st.characters(exclude_categories=["Cs"]))
+    )
+)
 def test_configmap_data_round_trip(data: dict[str, str]) -> None:
     raw = ld(1, object_meta("cm")) + b"".join(entry(2, k, v) for k, v in data.items())
     doc = protobuf.decode(envelope("v1", "ConfigMap", raw))

@@ -152,6 +152,34 @@ class Settings(BaseSettings):
             "Resources never migrated, same form as include_resources. Applied after the include list. Default: empty."
         ),
     )
+    max_parallel_migrations: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description=(
+            "Resources migrated at once by run-migrations, each in its own flow run "
+            "(one at a time per resource, always). Default 2: the write budget is "
+            "shared anyway; more resources in parallel only help when chunks wait on LISTs."
+        ),
+    )
+    lease_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "How long a Running migration counts as owned by a live run after its last "
+            "checkpoint, in seconds; after that run-migrations resumes it. Default 600: "
+            "a chunk of 500 objects at 10 writes/s takes about a minute, with retries a few."
+        ),
+    )
+    shared_write_budget: bool = Field(
+        default=True,
+        description=(
+            "Share the write rate among all workers through a Prefect global concurrency "
+            "limit (rate_limit_name). Default true. False paces each run locally at "
+            "write_rate_per_second: for a single worker, or a Prefect server on SQLite, "
+            "where each acquisition can wait seconds on the database lock."
+        ),
+    )
     rate_limit_name: str = Field(
         default="storage-migrator-writes",
         min_length=1,

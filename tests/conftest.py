@@ -19,6 +19,9 @@ import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The test server runs on SQLite, where a global-concurrency-limit acquisition can
+# wait seconds on the database lock; tests of the shared budget turn it back on.
+os.environ.setdefault("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
@@ -81,3 +84,54 @@ def namespace(kubesim: Kubesim) -> Iterator[str]:
     finally:
         core.delete_namespace(name)
         api.close()
+
+
+CRD_DIR = Path(__file__).resolve().parents[1] / "deployments" / "crds"
+
+
+@pytest.fixture(scope="session")
+def migration_crds(kubesim_session: Kubesim) -> None:
+    """Our CRDs installed in the shared cluster (idempotent), and served."""
+    import time
+
+    import yaml
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    api = k8s_config.new_client_from_config(config_file=kubesim_session.kubeconfig)
+    ext = k8s.ApiextensionsV1Api(api)
+    try:
+        for path in sorted(CRD_DIR.glob("*.yaml")):
+            try:
+                ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+            except k8s.ApiException as exc:
+                if exc.status != 409:
+                    raise
+        custom = k8s.CustomObjectsApi(api)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations")
+                return
+            except k8s.ApiException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+    finally:
+        api.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One Prefect test server for the session (~12 s to start); yields its API URL.
+
+    Telemetry is off (no network here) and tasks never cache by default.
+    """
+    os.environ["PREFECT_TASKS_DEFAULT_NO_CACHE"] = "true"
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=60):
+        url = PREFECT_API_URL.value()
+        assert url, "the Prefect test harness set no API URL"
+        yield str(url)

@@ -1,0 +1,188 @@
+"""`migrate-resource`: one flow run per StorageVersionMigration.
+
+Reads like seed 002's migration worker: resolve the request, mark it Running,
+then chunk after chunk (LIST a page, rewrite its objects, checkpoint the
+continue token into the request) until the LIST is complete, then Succeeded or
+Failed. A run killed at any point is resumed by the next run of the same
+request from its stored token (seed 002 "Failure recovery"); deleting the
+request cancels the run at its next checkpoint.
+
+    prefect deployment run 'migrate-resource/migrate-resource' -p resource=secrets
+    migrate_resource(resource="deployments", group="apps")        # ephemeral, no server
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, cast
+from uuid import UUID
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.objects import State
+from prefect.events import emit_event
+from prefect.runtime import flow_run
+from prefect.states import Cancelled, Failed
+from pydantic import BaseModel
+
+from storage_migrator.chunks import MigrationAborted, add_progress
+from storage_migrator.migrations import MigrationCancelled, failure_summary
+from storage_migrator.models import CONDITION_SUCCEEDED, MAX_RECORDED_FAILURES, MigrationProgress
+from storage_migrator.settings import Settings
+from tasks.migrating import (
+    MigrationHandle,
+    checkpoint,
+    finish_migration,
+    migrate_chunk_task,
+    resolve_migration,
+    start_migration,
+)
+from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit
+
+EVENT_PREFIX = "storage-migrator.migration"
+
+
+class MigrationSummary(BaseModel):
+    """What a run did (the flow's return value): names and counters only."""
+
+    migration: str
+    resource: str
+    phase: str
+    progress: MigrationProgress
+    message: str = ""
+
+
+def _run_name() -> str:
+    params = flow_run.parameters
+    if params.get("migration"):
+        return f"migrate-{params['migration']}"
+    group = f"-{params['group']}" if params.get("group") else ""
+    version = f"-{params['version']}" if params.get("version") else ""
+    return f"migrate-{params.get('resource')}{group}{version}"
+
+
+def _artifact_key(name: str) -> str:
+    return re.sub(r"[^a-z0-9-]+", "-", f"migration-{name}".lower()).strip("-")[:100]
+
+
+def _label_run(handle: MigrationHandle) -> None:
+    """`migrate-secrets-v1-1a2b3c4d`, tagged with the resource, for the Prefect UI."""
+    run_id = flow_run.id
+    if run_id is None:
+        return
+    name = f"migrate-{handle.resource}{'-' + handle.group if handle.group else ''}-{handle.version}-{handle.uid[:8]}"
+    try:
+        with get_client(sync_client=True) as client:
+            current = client.read_flow_run(run_id)
+            tags = sorted({*(current.tags or []), f"resource:{handle.group_resource}", f"migration:{handle.name}"})
+            client.update_flow_run(run_id, name=name, tags=tags)
+    except Exception as exc:  # noqa: BLE001 - a label is not worth failing a migration
+        get_run_logger().warning("could not rename the flow run: %s", exc)
+
+
+def _emit(outcome: str, handle: MigrationHandle, progress: MigrationProgress, message: str = "") -> None:
+    emit_event(
+        event=f"{EVENT_PREFIX}.{outcome}",
+        resource={
+            "prefect.resource.id": f"storage-migrator.storageversionmigration.{handle.name}",
+            "prefect.resource.name": handle.name,
+            "storage-migrator.resource": handle.group_resource,
+        },
+        payload={"progress": progress.model_dump(), "message": message[:1000]},
+    )
+
+
+def _percent(progress: MigrationProgress) -> float:
+    if progress.remaining_item_count is None:
+        return 0.0
+    total = progress.listed + progress.remaining_item_count
+    return 100.0 * progress.listed / total if total else 100.0
+
+
+def _outcome_table(handle: MigrationHandle, progress: MigrationProgress, phase: str) -> None:
+    counts = progress.model_dump(exclude={"remaining_item_count"})
+    create_table_artifact(
+        table=[{"outcome": k, "objects": v} for k, v in counts.items()],
+        key=_artifact_key(f"{handle.name}-outcome"),
+        description=f"{handle.ref}: {phase}",
+    )
+
+
+@flow(name="migrate-resource", flow_run_name=_run_name, persist_result=False, log_prints=False)
+def migrate_resource(
+    resource: str | None = None,
+    group: str = "",
+    version: str | None = None,
+    migration: str | None = None,
+    chunk_size: int | None = None,
+    write_rate_per_second: float | None = None,
+    write_concurrency: int | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+) -> MigrationSummary | State[Any]:
+    """Migrate one resource: `migration` names an existing request; else `resource`
+    (with `group`, `version`) creates one. Other parameters override the settings."""
+    logger = get_run_logger()
+    overrides: dict[str, Any] = {
+        "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
+        "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
+    }  # fmt: skip
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
+    _label_run(handle)
+    if handle.finished:
+        logger.info("storageversionmigration %s has already %s: nothing to do", handle.name, handle.finished)
+        return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=handle.finished,
+                                progress=MigrationProgress())  # fmt: skip
+    if settings.shared_write_budget:
+        budget = ensure_write_rate_limit(
+            settings.rate_limit_name, settings.write_rate_per_second, explicit=write_rate_per_second is not None
+        )
+    else:
+        budget = RateLimitInfo(name=None, writes_per_second=settings.write_rate_per_second,
+                               batch=batch_for(settings.write_rate_per_second))  # fmt: skip
+    try:
+        start = start_migration(settings, handle, flow_run=str(flow_run.id) if flow_run.id else None)
+    except MigrationCancelled as exc:
+        return Cancelled(message=str(exc))
+    _emit("started", handle, start.progress)
+    progress, failures, token = start.progress, list(start.failures), start.token
+    logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
+                "its checkpoint" if token else "the beginning")  # fmt: skip
+    artifact = cast(UUID, create_progress_artifact(progress=_percent(progress), key=_artifact_key(handle.name),
+                                                   description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
+    try:
+        while True:
+            chunk = migrate_chunk_task(settings, handle, token, budget)
+            progress = add_progress(progress, chunk)
+            failures = (failures + chunk.failures)[:MAX_RECORDED_FAILURES]
+            checkpoint(settings, handle, token=chunk.token_out, progress=progress, failures=failures)
+            update_progress_artifact(artifact_id=artifact, progress=_percent(progress))
+            token = chunk.token_out
+            if token is None:
+                break
+    except MigrationCancelled as exc:
+        logger.warning("%s", exc)
+        _emit("cancelled", handle, progress, str(exc))
+        return Cancelled(message=str(exc))
+    except MigrationAborted as exc:
+        finish_migration(settings, handle, succeeded=False, reason=exc.reason, message=exc.message)
+        _outcome_table(handle, progress, "Failed")
+        _emit("failed", handle, progress, exc.message)
+        return Failed(message=f"{handle.name}: {exc.message}")
+    update_progress_artifact(artifact_id=artifact, progress=100.0)
+    if progress.failed:
+        message = failure_summary(failures, progress.failed)
+        finish_migration(settings, handle, succeeded=False, reason="ObjectsFailed", message=message)
+        _outcome_table(handle, progress, "Failed")
+        _emit("failed", handle, progress, message)
+        return Failed(message=f"{handle.name}: {message}")
+    message = (f"{progress.listed} objects: {progress.rewritten} rewritten, {progress.unchanged} unchanged, "
+               f"{progress.gone} gone, {progress.conflicted} written by others meanwhile")  # fmt: skip
+    finish_migration(settings, handle, succeeded=True, reason="Completed", message=message)
+    _outcome_table(handle, progress, "Succeeded")
+    _emit("succeeded", handle, progress, message)
+    logger.info("%s succeeded: %s", handle.name, message)
+    return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=CONDITION_SUCCEEDED,
+                            progress=progress, message=message)  # fmt: skip

@@ -1,0 +1,263 @@
+"""What the one-shot ``initialize`` flow requests: a migration per persisted resource.
+
+Design decision (DESIGN 4.7, seed 002 "Alpha workflow"): the decision is a
+pure function of observations (discovery, CRDs, APIServices, existing
+migrations), so every rule is table-tested and the flow only reads, plans and
+creates. Unlike the alpha initializer, which "removes the custom resources and
+aggregated resources from the comprehensive resource list", we keep them and
+record where each came from (``origin``): seed 002's Goals ask that the tool
+"work for Kubernetes built-in APIs, custom resources (CR), and aggregated
+APIs". Shared storage is detected from discovery (same storageVersionHash,
+same plural) instead of the alpha's hard-coded list. Everything left out is
+reported with a human reason, one entry per group-resource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage_migrator.dispatch import is_finished, migration_resource
+from storage_migrator.kube.discovery import DiscoveredResource, pick_preferred
+from storage_migrator.models import StorageVersionMigration, storage_state_name
+
+__all__ = [
+    "ApiServiceInfo",
+    "CrdInfo",
+    "InitPlan",
+    "InitialRequest",
+    "Origin",
+    "SkippedResource",
+    "plan_initialization",
+]
+
+Origin = Literal["built-in", "custom", "aggregated"]
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+class CrdInfo(BaseModel):
+    """A CustomResourceDefinition, reduced to what tells a custom resource apart."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group: str = Field(description="spec.group, e.g. 'example.com'.")
+    plural: str = Field(description="spec.names.plural: the resource name, e.g. 'widgets'.")
+    storage_version: str = Field(
+        default="",
+        description="The version with storage: true (objects are encoded in it); empty if none is marked.",
+    )
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> CrdInfo:
+        """Read a raw ``apiextensions.k8s.io/v1`` CRD (v1beta1's ``spec.version`` too) as the API returns it."""
+        spec = _mapping(obj.get("spec"))
+        group = spec.get("group")
+        plural = _mapping(spec.get("names")).get("plural")
+        if not isinstance(group, str) or not group or not isinstance(plural, str) or not plural:
+            name = _mapping(obj.get("metadata")).get("name", "<unnamed>")
+            raise ValueError(f"CRD {name!r} has no spec.group or spec.names.plural")
+        storage = ""
+        for version in spec.get("versions") or []:
+            entry = _mapping(version)
+            if entry.get("storage") is True:
+                storage = str(entry.get("name") or "")
+                break
+        else:
+            storage = str(spec.get("version") or "")
+        return cls(group=group, plural=plural, storage_version=storage)
+
+
+class ApiServiceInfo(BaseModel):
+    """An APIService: which group version it serves, and whether another server serves it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group: str = Field(description="spec.group; empty for the core group ('v1.').")
+    version: str = Field(description="spec.version.")
+    has_service: bool = Field(
+        description=(
+            "spec.service is set: an aggregated API server serves this group version "
+            "(local APIServices of kube-apiserver have spec.service null)."
+        )
+    )
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ApiServiceInfo:
+        """Read a raw ``apiregistration.k8s.io/v1`` APIService as the API returns it."""
+        spec = _mapping(obj.get("spec"))
+        version = spec.get("version")
+        if not isinstance(version, str) or not version:
+            name = _mapping(obj.get("metadata")).get("name", "<unnamed>")
+            raise ValueError(f"APIService {name!r} has no spec.version")
+        return cls(group=str(spec.get("group") or ""), version=version, has_service=spec.get("service") is not None)
+
+
+class InitialRequest(BaseModel):
+    """A migration the initializer creates: one persisted resource in its preferred version."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group: str = Field(description="API group; empty for core.")
+    version: str = Field(description="The preferred version from discovery, the endpoint the migration uses.")
+    resource: str = Field(description="Plural resource name.")
+    origin: Origin = Field(
+        description="'custom' (a CRD defines it), 'aggregated' (an APIService with a service), else 'built-in'."
+    )
+    storage_version_hash: str = Field(description="The storageVersionHash discovery shows now.")
+
+    @property
+    def group_resource(self) -> str:
+        """``<resource>.<group>`` or ``<resource>`` for core."""
+        return storage_state_name(self.group, self.resource)
+
+
+class SkippedResource(BaseModel):
+    """A group-resource the initializer leaves out, and why."""
+
+    model_config = ConfigDict(frozen=True)
+
+    group_resource: str = Field(description="``<resource>.<group>`` or ``<resource>`` for core.")
+    reason: str = Field(description="Why no migration is requested for it, for a person to read.")
+
+
+class InitPlan(BaseModel):
+    """The initializer's decision: what to create and what was left out."""
+
+    model_config = ConfigDict(frozen=True)
+
+    requests: list[InitialRequest] = Field(
+        default_factory=list, description="Migrations to create, sorted by group then resource."
+    )
+    skipped: list[SkippedResource] = Field(
+        default_factory=list, description="One entry per group-resource left out, sorted by group then resource."
+    )
+
+
+def _unfit_reason(entry: DiscoveredResource) -> str | None:
+    """Why this resource cannot be migrated at all, or None (DESIGN 4.7)."""
+    # Sub-resources are stored with their parent (DESIGN 4.3, 4.7).
+    if entry.is_subresource:
+        return "sub-resource: stored with its parent resource"
+    # Virtual resources (tokenreviews, bindings) have no storage (DESIGN 4.3).
+    if not entry.storage_version_hash:
+        return "not persisted: no storageVersionHash"
+    # Seed 002: the migrator must "get, list, and update all resources"; a merge
+    # patch does the no-op write where the API serves it (DESIGN 4.5).
+    if "list" not in entry.verbs:
+        return f"cannot be listed: no list verb (serves {', '.join(entry.verbs) or 'nothing'})"
+    if "update" not in entry.verbs and "patch" not in entry.verbs:
+        return f"cannot be rewritten: neither update nor patch (serves {', '.join(entry.verbs)})"
+    return None
+
+
+def _origin(entry: DiscoveredResource, *, crds: set[tuple[str, str]], aggregated: set[tuple[str, str]]) -> Origin:
+    """Seed 002: custom resources "via listing CRDs", aggregated ones "via listing all
+    apiservices that have .spec.service != null"; the rest are built-in."""
+    if (entry.group, entry.resource) in crds:
+        return "custom"
+    if (entry.group, entry.version) in aggregated:
+        return "aggregated"
+    return "built-in"
+
+
+def plan_initialization(
+    discovered: Sequence[DiscoveredResource],
+    *,
+    crds: Sequence[CrdInfo],
+    apiservices: Sequence[ApiServiceInfo],
+    existing: Sequence[StorageVersionMigration],
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> InitPlan:
+    """One migration request per persisted resource that is not already pending.
+
+    ``include`` / ``exclude`` name resources as ``<resource>`` (core) or
+    ``<resource>.<group>``. They speak of storage: naming either of two
+    resources that share storage selects (or excludes) that one storage, which
+    is migrated through the name kept.
+    """
+    included = {name.strip().lower() for name in include if name.strip()}
+    excluded = {name.strip().lower() for name in exclude if name.strip()}
+    crd_keys = {(crd.group, crd.plural) for crd in crds}
+    aggregated = {(svc.group, svc.version) for svc in apiservices if svc.has_service}
+
+    # One entry per group-resource: the preferred version's (all versions of a
+    # group-resource share one storage version, hence one hash).
+    chosen = sorted(pick_preferred(discovered), key=lambda r: (r.group, r.resource))
+    skipped: dict[tuple[str, str], str] = {}
+    fit: list[DiscoveredResource] = []
+    for entry in chosen:
+        reason = _unfit_reason(entry)
+        if reason is None:
+            fit.append(entry)
+        else:
+            skipped[(entry.group, entry.resource)] = reason
+
+    # Shared storage (DESIGN 4.3, 4.7; seed 002 "removes resources that share the
+    # same storage"): same hash and same plural in different groups is one
+    # storage; keep the group that sorts first ('' first: core `events` is kept,
+    # `events.events.k8s.io` is not). `fit` is sorted by group, so the first seen wins.
+    keeper: dict[tuple[str, str], DiscoveredResource] = {}
+    sharers: dict[str, list[str]] = {}
+    kept: list[DiscoveredResource] = []
+    for entry in fit:
+        key = (entry.storage_version_hash, entry.resource)
+        first = keeper.setdefault(key, entry)
+        names = sharers.setdefault(first.group_resource, [first.group_resource])
+        if first is entry:
+            kept.append(entry)
+        else:
+            names.append(entry.group_resource)
+            skipped[(entry.group, entry.resource)] = f"shares storage with {first.group_resource}"
+
+    # Pending requests of any name of a storage count: seed 003 runs requests
+    # for one resource serially, a second one would only re-do the work.
+    pending: dict[str, str] = {}
+    for migration in sorted(existing, key=lambda m: m.metadata.name or ""):
+        if not is_finished(migration):
+            name = migration.metadata.name or migration.metadata.generate_name or "<unnamed>"
+            pending.setdefault(migration_resource(migration), name)
+
+    requests: list[InitialRequest] = []
+    for entry in kept:
+        key = (entry.group, entry.resource)
+        names = sharers[entry.group_resource]
+        if included and not included.intersection(names):
+            skipped[key] = "not in the include list"
+        elif hits := [n for n in names if n in excluded]:
+            as_other = entry.group_resource not in hits
+            skipped[key] = "in the exclude list" + (
+                f" (as {', '.join(hits)}, which shares its storage)" if as_other else ""
+            )
+        elif requested := next((pending[n] for n in names if n in pending), None):
+            skipped[key] = f"already requested: {requested}"
+        else:
+            requests.append(
+                InitialRequest(
+                    group=entry.group,
+                    version=entry.version,
+                    resource=entry.resource,
+                    origin=_origin(entry, crds=crd_keys, aggregated=aggregated),
+                    storage_version_hash=entry.storage_version_hash,
+                )
+            )
+
+    # A CRD that discovery does not serve (not yet established) cannot be
+    # migrated now: say so rather than drop it silently.
+    served = {(r.group, r.resource) for r in chosen}
+    for crd in crds:
+        if (crd.group, crd.plural) not in served:
+            skipped.setdefault((crd.group, crd.plural), "defined by a CRD but not served by discovery")
+
+    return InitPlan(
+        requests=requests,
+        skipped=[
+            SkippedResource(group_resource=storage_state_name(group, resource), reason=reason)
+            for (group, resource), reason in sorted(skipped.items())
+        ],
+    )

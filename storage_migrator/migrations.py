@@ -1,0 +1,177 @@
+"""StorageVersionMigration objects: reading them, and their lifecycle as a run
+moves them from pending to Running to Succeeded or Failed.
+
+Design decision (DESIGN 4.5, seed 002 "Failure recovery"): the checkpoint lives
+in the object itself, so any worker on any machine resumes a migration from its
+`spec.continueToken`. The chunk loop sees it through the small `Checkpoint`
+protocol (STYLE 6); `MigrationRecord` is the implementation over the API. Every
+write names the object's `uid`, so a request deleted (cancelled) and re-created
+under the same name is never written by the old run: the write answers 404 or
+409 and the run stops (`MigrationCancelled`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol
+
+from kubernetes.client import ApiClient
+
+from storage_migrator.kube.errors import Conflict, NotFound
+from storage_migrator.kube.listing import iterate_items
+from storage_migrator.kube.reading import read_object
+from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.kube.writing import create_object, patch_object
+from storage_migrator.models import (
+    CONDITION_FAILED,
+    CONDITION_RUNNING,
+    CONDITION_SUCCEEDED,
+    GROUP,
+    STORAGE_VERSION_MIGRATIONS,
+    VERSION,
+    MigrationCondition,
+    MigrationProgress,
+    ObjectFailure,
+    StorageVersionMigration,
+    phase_from_conditions,
+    set_condition,
+)
+
+__all__ = [
+    "MIGRATIONS",
+    "Checkpoint",
+    "MigrationCancelled",
+    "MigrationRecord",
+    "create_migration",
+    "failure_summary",
+    "list_migrations",
+    "read_migration",
+]
+
+MIGRATIONS = ResourceRef(group=GROUP, version=VERSION, resource=STORAGE_VERSION_MIGRATIONS)
+
+#: Failed objects named in a Failed condition's message.
+NAMED_FAILURES = 5
+
+
+class MigrationCancelled(Exception):
+    """The request was deleted (or replaced) while its run was going on."""
+
+
+class Checkpoint(Protocol):
+    """Where the chunk loop saves and finds its place."""
+
+    def load(self) -> tuple[str | None, MigrationProgress]: ...
+
+    def save(
+        self, *, token: str | None, progress: MigrationProgress, failures: list[ObjectFailure], now: datetime
+    ) -> None: ...
+
+
+def read_migration(api: ApiClient, name: str) -> StorageVersionMigration:
+    return StorageVersionMigration.model_validate(read_object(api, MIGRATIONS, name=name))
+
+
+def list_migrations(api: ApiClient) -> list[StorageVersionMigration]:
+    return [StorageVersionMigration.model_validate(item) for item in iterate_items(api, MIGRATIONS, limit=500)]
+
+
+def create_migration(api: ApiClient, migration: StorageVersionMigration) -> StorageVersionMigration:
+    return StorageVersionMigration.model_validate(create_object(api, MIGRATIONS, migration.to_wire()))
+
+
+def failure_summary(failures: list[ObjectFailure], total: int) -> str:
+    """`3 objects could not be rewritten: default/a (422 Invalid: ...), ...` (first few named)."""
+    named = ", ".join(
+        f"{f.namespace + '/' if f.namespace else ''}{f.name} ({f.code} {f.reason}: {f.message[:120]})"
+        for f in failures[:NAMED_FAILURES]
+    )
+    more = f", and {total - NAMED_FAILURES} more" if total > NAMED_FAILURES else ""
+    return f"{total} object(s) could not be rewritten: {named}{more}"
+
+
+class MigrationRecord:
+    """One StorageVersionMigration as a run sees it; every write is uid-guarded."""
+
+    def __init__(self, api: ApiClient, migration: StorageVersionMigration) -> None:
+        name, uid = migration.metadata.name, migration.metadata.uid
+        if not name or not uid:
+            raise ValueError("a MigrationRecord needs a migration read from the API (name and uid)")
+        self.api = api
+        self.name = name
+        self.uid = uid
+        self.migration = migration
+
+    @property
+    def ref(self) -> ResourceRef:
+        r = self.migration.spec.resource
+        return ResourceRef(group=r.group, version=r.version, resource=r.resource)
+
+    def _patch(self, patch: dict[str, object], *, status: bool) -> None:
+        body = {**patch, "metadata": {"uid": self.uid}}
+        try:
+            answer = patch_object(self.api, MIGRATIONS, name=self.name, patch=body,
+                                  subresource="status" if status else None)  # fmt: skip
+        except NotFound as exc:
+            raise MigrationCancelled(f"storageversionmigration {self.name} was deleted: run cancelled") from exc
+        except Conflict as exc:
+            raise MigrationCancelled(f"storageversionmigration {self.name} was replaced: run cancelled") from exc
+        self.migration = StorageVersionMigration.model_validate(answer)
+
+    def _status_patch(self, conditions: list[MigrationCondition], **fields: object) -> None:
+        status = self.migration.status.model_copy(update={"conditions": conditions, **fields})
+        status.phase = phase_from_conditions(conditions)
+        wire = status.to_wire()
+        if status.progress is not None and status.progress.remaining_item_count is None:
+            # A merge patch keeps a key it does not name: null removes the last chunk's count.
+            wire.setdefault("progress", {})["remainingItemCount"] = None
+        self._patch({"status": wire}, status=True)
+
+    def refresh(self) -> StorageVersionMigration:
+        try:
+            current = read_migration(self.api, self.name)
+        except NotFound as exc:
+            raise MigrationCancelled(f"storageversionmigration {self.name} was deleted: run cancelled") from exc
+        if current.metadata.uid != self.uid:
+            raise MigrationCancelled(f"storageversionmigration {self.name} was replaced: run cancelled")
+        self.migration = current
+        return current
+
+    def load(self) -> tuple[str | None, MigrationProgress]:
+        current = self.refresh()
+        return current.spec.continue_token or None, current.status.progress or MigrationProgress()
+
+    def start(self, *, now: datetime, target_hash: str | None, message: str) -> None:
+        conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
+                                   status="True", now=now, reason="Migrating", message=message)  # fmt: skip
+        self._status_patch(
+            conditions,
+            started_at=self.migration.status.started_at or now,
+            target_storage_version_hash=target_hash or self.migration.status.target_storage_version_hash,
+            progress=self.migration.status.progress or MigrationProgress(),
+        )
+
+    def save(
+        self, *, token: str | None, progress: MigrationProgress, failures: list[ObjectFailure], now: datetime
+    ) -> None:
+        # The token first: a crash between the two writes loses a chunk's counters,
+        # never re-does more than one chunk and never skips an object.
+        self._patch({"spec": {"continueToken": token or ""}}, status=False)
+        conditions = set_condition(
+            self.migration.status.conditions, condition_type=CONDITION_RUNNING, status="True", now=now,
+            reason="Migrating", message=f"{progress.listed} objects listed in {progress.chunks} chunk(s)",
+        )  # fmt: skip
+        self._status_patch(conditions, progress=progress, failures=failures)
+
+    def finish(self, *, succeeded: bool, now: datetime, reason: str, message: str) -> None:
+        conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
+                                   status="False", now=now, reason=reason, message=message)  # fmt: skip
+        conditions = set_condition(
+            conditions,
+            condition_type=CONDITION_SUCCEEDED if succeeded else CONDITION_FAILED,
+            status="True",
+            now=now,
+            reason=reason,
+            message=message,
+        )
+        self._status_patch(conditions, finished_at=now)

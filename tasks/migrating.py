@@ -1,0 +1,219 @@
+"""The tasks of one migration run: resolve the request, start, one task per
+chunk, checkpoint, finish.
+
+Design decision (PREFECT.md "Costs"): one task run per LIST chunk, never one
+per object (a task run costs ~30 ms of server time). A chunk task's result is
+counters and the next continue token only; a retry of it re-does that chunk
+(the writes are no-ops for objects already re-encoded). Every task is
+`PRIVATE` (no cache, no persisted result): the chunk task holds object
+metadata, and in PUT mode whole objects, in memory (DESIGN 8).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from prefect import task
+from prefect.tasks import exponential_backoff
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage_migrator.chunks import ChunkOptions, ChunkResult, MigrationAborted, WriteMode, migrate_chunk
+from storage_migrator.kube.discovery import discover
+from storage_migrator.kube.errors import NotFound
+from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.migrations import (
+    MigrationCancelled,
+    MigrationRecord,
+    create_migration,
+    read_migration,
+)
+from storage_migrator.models import (
+    CONDITION_FAILED,
+    CONDITION_SUCCEEDED,
+    MigrationProgress,
+    ObjectFailure,
+    is_condition_true,
+    new_storage_version_migration,
+)
+from storage_migrator.pacing import BatchedPacer, LocalRateLimiter
+from storage_migrator.settings import Settings
+from storage_migrator.targets import UnknownResource, resolve_target
+from tasks.common import PRIVATE, connected
+from tasks.write_budget import PrefectWriteBudget, RateLimitInfo
+
+
+class MigrationHandle(BaseModel):
+    """What the tasks of a run need to find its StorageVersionMigration again."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    uid: str
+    group: str
+    version: str
+    resource: str
+    write_mode: WriteMode = "patch"
+    target_hash: str = ""
+    finished: str | None = Field(default=None, description="Succeeded/Failed when there is nothing left to do.")
+
+    @property
+    def ref(self) -> ResourceRef:
+        return ResourceRef(group=self.group, version=self.version, resource=self.resource)
+
+    @property
+    def group_resource(self) -> str:
+        return self.ref.group_resource
+
+
+class Checkpointed(BaseModel):
+    """Where a run starts: the stored token and counters (a resumed run continues from them)."""
+
+    token: str | None
+    progress: MigrationProgress
+    failures: list[ObjectFailure]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _record(api: Any, handle: MigrationHandle) -> MigrationRecord:
+    try:
+        migration = read_migration(api, handle.name)
+    except NotFound as exc:
+        raise MigrationCancelled(f"storageversionmigration {handle.name} was deleted: run cancelled") from exc
+    if migration.metadata.uid != handle.uid:
+        raise MigrationCancelled(f"storageversionmigration {handle.name} was replaced: run cancelled")
+    return MigrationRecord(api, migration)
+
+
+@task(name="resolve-migration", **PRIVATE)
+def resolve_migration(
+    settings: Settings,
+    *,
+    resource: str | None,
+    group: str,
+    version: str | None,
+    migration: str | None,
+) -> MigrationHandle:
+    """Find the request to run, or create one for a resource named by hand.
+
+    An unknown resource raises `UnknownResource` naming it and what is served,
+    before anything is created (DESIGN 8).
+    """
+    with connected(settings) as api:
+        found = discover(api, timeout=settings.request_timeout_seconds)
+        if migration:
+            try:
+                existing = read_migration(api, migration)
+            except NotFound as exc:
+                raise ValueError(
+                    f"storageversionmigration {migration!r} not found: list them with "
+                    "`kubectl get storageversionmigrations`"
+                ) from exc
+            spec = existing.spec.resource
+            base = MigrationHandle(name=migration, uid=existing.metadata.uid or "", group=spec.group,
+                                   version=spec.version, resource=spec.resource)  # fmt: skip
+            conditions = existing.status.conditions
+            for done in (CONDITION_SUCCEEDED, CONDITION_FAILED):
+                if is_condition_true(conditions, done):
+                    # seed 003: a succeeded object is the record that it ran; never re-run it.
+                    return base.model_copy(update={"finished": done})
+            try:
+                target = resolve_target(found.resources, resource=spec.resource, group=spec.group,
+                                        version=spec.version or None)  # fmt: skip
+            except UnknownResource as exc:
+                record = MigrationRecord(api, existing)
+                record.finish(succeeded=False, now=_now(), reason="ResourceNotServed", message=str(exc))
+                return base.model_copy(update={"finished": CONDITION_FAILED})
+            return base.model_copy(update={"write_mode": target.write_mode, "target_hash": target.storage_version_hash})
+        if not resource:
+            raise ValueError("name a resource to migrate (resource=secrets, group=apps, ...) or a migration")
+        target = resolve_target(found.resources, resource=resource, group=group, version=version)
+        request = new_storage_version_migration(
+            group=target.ref.group, version=target.ref.version, resource=target.ref.resource
+        )
+        created = create_migration(api, request)
+        return MigrationHandle(
+            name=created.metadata.name or "",
+            uid=created.metadata.uid or "",
+            group=target.ref.group,
+            version=target.ref.version,
+            resource=target.ref.resource,
+            write_mode=target.write_mode,
+            target_hash=target.storage_version_hash,
+        )
+
+
+@task(name="start-migration", **PRIVATE)
+def start_migration(settings: Settings, handle: MigrationHandle, *, flow_run: str | None) -> Checkpointed:
+    """Mark the request Running and read where it stands (a resumed run continues)."""
+    with connected(settings) as api:
+        record = _record(api, handle)
+        token, progress = record.load()
+        resumed = "resuming from its checkpoint" if token else "from the beginning"
+        who = f" by flow run {flow_run}" if flow_run else ""
+        record.start(now=_now(), target_hash=handle.target_hash or None,
+                     message=f"migrating {handle.ref} {resumed}{who}")  # fmt: skip
+        return Checkpointed(token=token, progress=progress, failures=list(record.migration.status.failures))
+
+
+def _not_aborted(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a chunk on unexpected errors, never on a verdict about the migration."""
+    try:
+        state.result()
+    except (MigrationAborted, MigrationCancelled):
+        return False
+    except Exception:  # noqa: BLE001 - anything else may be transient
+        return True
+    return False
+
+
+@task(
+    name="migrate-chunk",
+    retries=2,
+    retry_delay_seconds=exponential_backoff(backoff_factor=2),
+    retry_jitter_factor=0.5,
+    retry_condition_fn=_not_aborted,
+    **PRIVATE,
+)
+def migrate_chunk_task(
+    settings: Settings, handle: MigrationHandle, token: str | None, budget: RateLimitInfo
+) -> ChunkResult:
+    options = ChunkOptions(
+        limit=settings.chunk_size,
+        write_mode=handle.write_mode,
+        write_concurrency=settings.write_concurrency,
+        max_write_attempts=settings.max_write_attempts,
+        backoff_base_seconds=settings.backoff_base_seconds,
+        backoff_max_seconds=settings.backoff_max_seconds,
+        request_timeout_seconds=settings.request_timeout_seconds,
+    )
+    limiter = LocalRateLimiter(budget.writes_per_second, burst=min(budget.batch, settings.write_concurrency))
+    # A chunk never needs more of the shared budget than it has objects.
+    pacer = BatchedPacer(PrefectWriteBudget(budget), limiter, batch=min(budget.batch, options.limit))
+    with connected(settings) as api:
+        return migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer)
+
+
+@task(name="checkpoint", **PRIVATE)
+def checkpoint(
+    settings: Settings,
+    handle: MigrationHandle,
+    *,
+    token: str | None,
+    progress: MigrationProgress,
+    failures: list[ObjectFailure],
+) -> None:
+    """Save the next token and the counters; `MigrationCancelled` if the request is gone."""
+    with connected(settings) as api:
+        _record(api, handle).save(token=token, progress=progress, failures=failures, now=_now())
+
+
+@task(name="finish-migration", **PRIVATE)
+def finish_migration(
+    settings: Settings, handle: MigrationHandle, *, succeeded: bool, reason: str, message: str
+) -> None:
+    with connected(settings) as api:
+        _record(api, handle).finish(succeeded=succeeded, now=_now(), reason=reason, message=message)

@@ -1,0 +1,273 @@
+"""The `migrate-resource` flow against kubesim over etcd, on a Prefect test server.
+
+Judged by what etcd holds (DESIGN 8), not by what the flow reports.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from kubesim.codec import decode
+from kubesim.etcd import prefix_end
+from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.migrations import list_migrations, read_migration
+from storage_migrator.models import is_condition_true
+from storage_migrator.settings import Settings
+
+pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")
+Kubesim = Any  # the conftest fixture type
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"write_rate_per_second": 2000.0, "write_concurrency": 8}
+
+
+@pytest.fixture
+def core(kubesim: Kubesim) -> Any:
+    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    yield k8s.CoreV1Api(api)
+    api.close()
+
+
+def make_configmaps(core: Any, namespace: str, count: int, *, prefix: str = "cm") -> list[str]:
+    names = [f"{prefix}-{i:04d}" for i in range(count)]
+    for name in names:
+        core.create_namespaced_config_map(
+            namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=name), data={"k": name, "pad": "x" * 200})
+        )
+    return names
+
+
+def stored(kubesim: Kubesim, prefix: str) -> dict[str, tuple[str, str | None, int, dict[str, Any]]]:
+    """key -> (stored apiVersion, encryption key, mod_revision, object) for every value under prefix."""
+    out = {}
+    raw = prefix.encode()
+    for kv in kubesim.etcd.range(raw, prefix_end(raw)).kvs:
+        value = decode(kv.value, read_keys=["key1", "key2", "key3"])
+        out[kv.key.decode()] = (value.api_version, value.key_name, kv.mod_revision, value.obj)
+    return out
+
+
+def content(obj: dict[str, Any]) -> dict[str, Any]:
+    """What must never change: everything but apiVersion, resourceVersion and managedFields."""
+    meta = {k: v for k, v in obj["metadata"].items() if k not in ("resourceVersion", "managedFields")}
+    return {**{k: v for k, v in obj.items() if k not in ("apiVersion", "metadata")}, "metadata": meta}
+
+
+def run_flow(kubesim: Kubesim, **params: Any) -> Any:
+    from flows.migrate_resource import migrate_resource
+
+    return migrate_resource(kubeconfig=kubesim.kubeconfig, return_state=True, **{**FAST, **params})
+
+
+def test_every_object_is_reencoded_and_a_second_run_rewrites_nothing(
+    kubesim: Kubesim, namespace: str, core: Any
+) -> None:
+    """DESIGN 4.5: a no-op write of every object re-encodes it in the current storage
+    version; "a second migration of a resource that has just been migrated must
+    rewrite nothing (every answer 'unchanged')"."""
+    make_configmaps(core, namespace, 45)
+    prefix = f"/registry/configmaps/{namespace}/"
+    before = stored(kubesim, prefix)
+    assert {v[0] for v in before.values()} == {"v1"}
+    kubesim.admin.set_storage_version("configmaps", "v2")
+
+    state = run_flow(kubesim, resource="configmaps", chunk_size=10)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    after = stored(kubesim, prefix)
+    assert set(after) == set(before)
+    for key, (api_version, _, _, obj) in after.items():
+        assert api_version == "v2", key
+        assert content(obj) == content(before[key][3]), key
+    assert summary.progress.failed == 0
+    assert summary.progress.rewritten >= 45
+    migration = read_migration(api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig)), summary.migration)
+    assert is_condition_true(migration.status.conditions, "Succeeded")
+    assert not is_condition_true(migration.status.conditions, "Running")
+    assert migration.status.phase == "Succeeded"
+    assert migration.status.progress is not None and migration.status.progress.chunks >= 5
+
+    again = run_flow(kubesim, resource="configmaps", chunk_size=10)
+    assert again.is_completed(), again.message
+    second = again.result()
+    assert second.progress.rewritten == 0
+    assert second.progress.unchanged == second.progress.listed >= 45
+    assert {k: v[2] for k, v in stored(kubesim, prefix).items()} == {k: v[2] for k, v in after.items()}
+
+
+def test_unknown_resource_names_it_and_creates_nothing(kubesim: Kubesim) -> None:
+    """DESIGN 8: bad input gives a clear error that names the object, and changes nothing."""
+    api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    before = {m.metadata.name for m in list_migrations(api)}
+    state = run_flow(kubesim, resource="nosuchthings")
+    assert state.is_failed()
+    assert "nosuchthings" in state.message and "Served:" in state.message and "secrets" in state.message
+    assert {m.metadata.name for m in list_migrations(api)} == before
+
+
+def test_a_succeeded_request_is_the_record_and_does_not_run_again(kubesim: Kubesim, namespace: str, core: Any) -> None:
+    """seed 003: "a succeeded object is the record that the migration happened"."""
+    make_configmaps(core, namespace, 3)
+    first = run_flow(kubesim, resource="configmaps").result()
+    writes = kubesim.admin.counters()["requests"].get("patch", 0)
+    again = run_flow(kubesim, migration=first.migration).result()
+    assert again.phase == "Succeeded"
+    assert again.progress.listed == 0
+    assert kubesim.admin.counters()["requests"].get("patch", 0) == writes
+
+
+def test_an_object_that_is_always_rejected_fails_the_migration_by_name(
+    kubesim: Kubesim, namespace: str, core: Any
+) -> None:
+    """DESIGN 4.5: 400/403/422 "failed: recorded with the object's name and the API's
+    reason; the migration goes on and ends Failed with a summary"."""
+    names = make_configmaps(core, namespace, 12)
+    kubesim.admin.set_storage_version("configmaps", "v2")
+    kubesim.admin.set_faults(
+        [{"verb": "patch", "resource": "configmaps", "name": names[5], "code": 422, "message": "denied by webhook"}]
+    )
+    state = run_flow(kubesim, resource="configmaps", chunk_size=5)
+    assert state.is_failed()
+    assert names[5] in state.message
+    api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    migration = next(m for m in list_migrations(api) if m.metadata.name and m.metadata.name in state.message)
+    assert is_condition_true(migration.status.conditions, "Failed")
+    failed = next(c for c in migration.status.conditions if c.type == "Failed")
+    assert failed.reason == "ObjectsFailed"
+    assert f"{namespace}/{names[5]} (422 Invalid: denied by webhook)" in (failed.message or "")
+    assert [f.name for f in migration.status.failures] == [names[5]]
+    for key, (api_version, *_rest) in stored(kubesim, f"/registry/configmaps/{namespace}/").items():
+        assert api_version == ("v1" if key.endswith(names[5]) else "v2"), key
+
+
+def test_deleting_the_request_cancels_the_run_within_one_chunk(kubesim: Kubesim, namespace: str, core: Any) -> None:
+    """DESIGN 4.5: "Deleting the StorageVersionMigration object really cancels its run"."""
+    make_configmaps(core, namespace, 60)
+    kubesim.admin.set_storage_version("configmaps", "v2")
+    api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    known = {m.metadata.name for m in list_migrations(api)}
+    result: dict[str, Any] = {}
+    runner = threading.Thread(
+        target=lambda: result.setdefault(
+            "state", run_flow(kubesim, resource="configmaps", chunk_size=5, write_rate_per_second=25.0)
+        )
+    )
+    runner.start()
+    deadline = time.monotonic() + 60
+    name = None
+    while time.monotonic() < deadline:
+        fresh = [m for m in list_migrations(api) if m.metadata.name not in known]
+        if fresh and fresh[0].spec.continue_token:
+            name = fresh[0].metadata.name
+            break
+        time.sleep(0.05)
+    assert name, "the run never checkpointed"
+    k8s.CustomObjectsApi(api).delete_cluster_custom_object(
+        "migration.k8s.io", "v1alpha1", "storageversionmigrations", name
+    )
+    patches_at_delete = kubesim.admin.counters()["requestsByResource"].get("patch configmaps", 0)
+    runner.join(timeout=120)
+    state = result["state"]
+    assert state.is_cancelled(), state
+    patches_after = kubesim.admin.counters()["requestsByResource"].get("patch configmaps", 0)
+    assert patches_after - patches_at_delete <= 5  # at most the chunk in flight
+    still_v1 = [k for k, v in stored(kubesim, f"/registry/configmaps/{namespace}/").items() if v[0] == "v1"]
+    assert still_v1, "the run went on to the end instead of stopping"
+
+
+def _spawn(kubesim: Kubesim, prefect_api: str, migration: str) -> subprocess.Popen[bytes]:
+    code = (
+        "from flows.migrate_resource import migrate_resource\n"
+        f"migrate_resource(migration={migration!r}, kubeconfig={kubesim.kubeconfig!r}, chunk_size=10,"
+        " write_rate_per_second=60.0, write_concurrency=4)\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "DO_NOT_TRACK": "1",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+
+
+def test_killed_runs_resume_from_the_checkpoint(kubesim: Kubesim, namespace: str, core: Any, prefect_api: str) -> None:
+    """seed 002 "Failure recovery": the continue token stored in the migration lets a
+    new run "resume from where it left off"; DESIGN 4.5: a crash re-does at most one
+    chunk and never skips an object."""
+    count, chunk, kills = 120, 10, 3
+    make_configmaps(core, namespace, count)
+    kubesim.admin.set_storage_version("configmaps", "v2")
+    api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    request = k8s.CustomObjectsApi(api).create_cluster_custom_object(
+        "migration.k8s.io", "v1alpha1", "storageversionmigrations",
+        {"apiVersion": "migration.k8s.io/v1alpha1", "kind": "StorageVersionMigration",
+         "metadata": {"generateName": "crash-"}, "spec": {"resource": {"version": "v1", "resource": "configmaps"}}},
+    )  # fmt: skip
+    name = request["metadata"]["name"]
+    total_objects = sum(len(core.list_namespaced_config_map(ns.metadata.name).items)
+                        for ns in core.list_namespace().items)  # fmt: skip
+    patches_before = kubesim.admin.counters()["requestsByResource"].get("patch configmaps", 0)
+    tokens_seen: list[str] = []
+    for _ in range(kills):
+        proc = _spawn(kubesim, prefect_api, name)
+        start_token = read_migration(api, name).spec.continue_token
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:  # kill after two more checkpoints
+            token = read_migration(api, name).spec.continue_token
+            if token and token != start_token and token not in tokens_seen:
+                tokens_seen.append(token)
+                if len(tokens_seen) % 2 == 0:
+                    break
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    final = _spawn(kubesim, prefect_api, name)
+    assert final.wait(timeout=180) == 0
+    migration = read_migration(api, name)
+    assert is_condition_true(migration.status.conditions, "Succeeded"), migration.status.conditions
+    for key, (api_version, *_rest) in stored(kubesim, f"/registry/configmaps/{namespace}/").items():
+        assert api_version == "v2", key
+    patches = kubesim.admin.counters()["requestsByResource"].get("patch configmaps", 0) - patches_before
+    assert patches <= total_objects + kills * chunk, (patches, total_objects)
+
+
+def test_a_secret_body_never_reaches_prefect(kubesim: Kubesim, namespace: str, core: Any, tmp_path: Path) -> None:
+    """DESIGN 8: no object body is ever persisted by Prefect, logged, or put in a cache
+    key — searched for with result persistence turned on."""
+    from prefect.settings import (
+        PREFECT_LOCAL_STORAGE_PATH,
+        PREFECT_RESULTS_PERSIST_BY_DEFAULT,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
+
+    sentinel = "sentinel-7c1e2b9a-never-persist"
+    core.create_namespaced_secret(
+        namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="holder"), string_data={"password": sentinel})
+    )
+    kubesim.admin.set_encryption(["key2", "key1"])
+    results = tmp_path / "results"
+    with temporary_settings({PREFECT_RESULTS_PERSIST_BY_DEFAULT: True, PREFECT_LOCAL_STORAGE_PATH: results}):
+        state = run_flow(kubesim, resource="secrets")
+    assert state.is_completed(), state.message
+    value = stored(kubesim, f"/registry/secrets/{namespace}/holder")
+    assert [v[1] for v in value.values()] == ["key2"]
+    needles = [sentinel.encode(), base64.b64encode(sentinel.encode())]
+    db_path = Path(str(PREFECT_SERVER_DATABASE_CONNECTION_URL.value()).split("///", 1)[1])
+    searched = [db_path, *db_path.parent.glob(db_path.name + "*")]
+    if results.exists():
+        searched += [p for p in results.rglob("*") if p.is_file()]
+    assert len(searched) >= 1
+    for path in searched:
+        data = path.read_bytes()
+        for needle in needles:
+            assert needle not in data, f"{needle!r} found in {path}"

@@ -1,0 +1,471 @@
+"""What the initialize flow requests (seed 002 "Alpha workflow", DESIGN 4.7), from recorded discovery."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from storage_migrator.initializer import (
+    ApiServiceInfo,
+    CrdInfo,
+    InitialRequest,
+    InitPlan,
+    plan_initialization,
+)
+from storage_migrator.kube.discovery import APIResourceListDoc, DiscoveredResource, parse_resource_list
+from storage_migrator.models import StorageVersionMigration, new_storage_version_migration, set_condition
+
+REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+EVENTS_HASH = "r2yiGXH7wu8="  # reference/README: core events and events.events.k8s.io report the same hash
+
+
+def load(name: str) -> APIResourceListDoc:
+    doc: APIResourceListDoc = json.loads((REFERENCE / name).read_text())
+    return doc
+
+
+def doc(group_version: str, *resources: dict[str, Any]) -> APIResourceListDoc:
+    """A discovery document for group versions not recorded in shared/reference."""
+    return cast(
+        APIResourceListDoc, {"kind": "APIResourceList", "groupVersion": group_version, "resources": list(resources)}
+    )
+
+
+RW = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+def entry(name: str, kind: str, verbs: list[str], hash_: str = "") -> dict[str, Any]:
+    found: dict[str, Any] = {"name": name, "kind": kind, "namespaced": True, "verbs": verbs}
+    if hash_:
+        found["storageVersionHash"] = hash_
+    return found
+
+
+def crd_versions(version: str) -> APIResourceListDoc:
+    """The recorded CRD document (hash of bars.example.com/v2/Widget) served at `version`."""
+    recorded = load("discovery-crd-after-flip.json")
+    return {**recorded, "groupVersion": f"bars.example.com/{version}"}
+
+
+def realistic_discovery() -> list[DiscoveredResource]:
+    found = parse_resource_list(load("discovery-api-v1.json"), preferred=True)
+    found += parse_resource_list(load("discovery-apis-apps-v1.json"), preferred=True)
+    # A CRD served in two versions, v2 preferred (as after the recorded storage flip).
+    found += parse_resource_list(crd_versions("v2"), preferred=True)
+    found += parse_resource_list(crd_versions("v1"))
+    found += parse_resource_list(
+        doc("events.k8s.io/v1", entry("events", "Event", RW, EVENTS_HASH)),
+        preferred=True,
+    )
+    found += parse_resource_list(
+        doc("authentication.k8s.io/v1", entry("tokenreviews", "TokenReview", ["create"])),
+        preferred=True,
+    )
+    # Aggregated APIs: metrics-server serves no hash; wardle (the sample apiserver) stores flunders.
+    found += parse_resource_list(
+        doc("metrics.k8s.io/v1beta1", entry("pods", "PodMetrics", ["get", "list"])),
+        preferred=True,
+    )
+    found += parse_resource_list(
+        doc(
+            "wardle.example.com/v1beta1",
+            entry("flunders", "Flunder", RW, "Gz4cX8lGXKc="),
+            entry("fischers", "Fischer", ["create", "get", "watch"], "aQ1b2c3d4e5="),
+            entry("readonlies", "ReadOnly", ["get", "list", "watch"], "ZZtop12345A="),
+            entry("putonlies", "PutOnly", ["get", "list", "update"], "PuT0nly1234="),
+        ),
+        preferred=True,
+    )
+    return found
+
+
+CRD_OBJECT: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "widgets.bars.example.com"},
+    "spec": {
+        "group": "bars.example.com",
+        "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+        "scope": "Namespaced",
+        "versions": [
+            {"name": "v1", "served": True, "storage": False},
+            {"name": "v2", "served": True, "storage": True},
+        ],
+    },
+    "status": {"storedVersions": ["v1", "v2"]},
+}
+
+
+def apiservice(group: str, version: str, service: dict[str, Any] | None) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiregistration.k8s.io/v1",
+        "kind": "APIService",
+        "metadata": {"name": f"{version}.{group}"},
+        "spec": {"group": group, "version": version, "service": service, "groupPriorityMinimum": 100},
+    }
+
+
+APISERVICES = [
+    apiservice("", "v1", None),  # local: kube-apiserver itself ("v1.")
+    apiservice("apps", "v1", None),
+    apiservice("bars.example.com", "v2", None),  # CRDs get local APIServices too
+    apiservice("metrics.k8s.io", "v1beta1", {"namespace": "kube-system", "name": "metrics-server", "port": 443}),
+    apiservice("wardle.example.com", "v1beta1", {"namespace": "wardle", "name": "api", "port": 443}),
+]
+
+
+def plan(
+    *,
+    existing: list[StorageVersionMigration] | None = None,
+    include: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+) -> InitPlan:
+    return plan_initialization(
+        realistic_discovery(),
+        crds=[CrdInfo.from_object(CRD_OBJECT)],
+        apiservices=[ApiServiceInfo.from_object(obj) for obj in APISERVICES],
+        existing=existing or [],
+        include=include,
+        exclude=exclude,
+    )
+
+
+def outcome(result: InitPlan, group_resource: str) -> str:
+    """'request <origin> <version>' or 'skip <reason>', the one entry for that group-resource."""
+    requests = [f"request {r.origin} {r.version}" for r in result.requests if r.group_resource == group_resource]
+    skips = [f"skip {s.reason}" for s in result.skipped if s.group_resource == group_resource]
+    assert len(requests) + len(skips) == 1, (group_resource, requests, skips)
+    return (requests + skips)[0]
+
+
+ROWS = [
+    (
+        'seed 002: "generates a comprehensive list of resource types via the discovery API"',
+        "secrets",
+        "request built-in v1",
+    ),
+    ("built-in group resources come from discovery too", "deployments.apps", "request built-in v1"),
+    (
+        'seed 002: "discovers all custom resources via listing CRDs" (the preferred version is requested)',
+        "widgets.bars.example.com",
+        "request custom v2",
+    ),
+    (
+        'seed 002: "discovers all aggregated resources via listing all apiservices that have .spec.service != null"',
+        "flunders.wardle.example.com",
+        "request aggregated v1beta1",
+    ),
+    (
+        "a resource served through a local APIService (spec.service null) is built-in",
+        "configmaps",
+        "request built-in v1",
+    ),
+    ("DESIGN 4.7: sub-resources are dropped", "pods/status", "skip sub-resource: stored with its parent resource"),
+    (
+        "DESIGN 4.3: resources whose storageVersionHash is empty are skipped (bindings)",
+        "bindings",
+        "skip not persisted: no storageVersionHash",
+    ),
+    (
+        "DESIGN 4.3: virtual resources such as tokenreviews are skipped",
+        "tokenreviews.authentication.k8s.io",
+        "skip not persisted: no storageVersionHash",
+    ),
+    (
+        "an aggregated API that stores nothing (metrics) is not persisted",
+        "pods.metrics.k8s.io",
+        "skip not persisted: no storageVersionHash",
+    ),
+    (
+        "DESIGN 4.7: resources without list are dropped",
+        "fischers.wardle.example.com",
+        "skip cannot be listed: no list verb (serves create, get, watch)",
+    ),
+    (
+        "DESIGN 4.7: resources without update (and without patch) are dropped",
+        "readonlies.wardle.example.com",
+        "skip cannot be rewritten: neither update nor patch (serves get, list, watch)",
+    ),
+    (
+        "update without patch is enough: the PUT fallback rewrites it (DESIGN 4.5)",
+        "putonlies.wardle.example.com",
+        "request aggregated v1beta1",
+    ),
+    (
+        'seed 002: "removes resources that share the same storage": core events is kept',
+        "events",
+        "request built-in v1",
+    ),
+    (
+        "DESIGN 4.7: e.g. events and events.events.k8s.io: the one in the group sorting later is skipped",
+        "events.events.k8s.io",
+        "skip shares storage with events",
+    ),
+    (
+        "the same plural in another group with another hash is another storage (pods vs pods.metrics is not shared)",
+        "pods",
+        "request built-in v1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("rule", "group_resource", "expected"), ROWS, ids=[row[0] for row in ROWS])
+def test_initializer_rules(rule: str, group_resource: str, expected: str) -> None:
+    assert outcome(plan(), group_resource) == expected
+
+
+def test_one_entry_per_group_resource_not_per_version() -> None:
+    result = plan()
+    names = [r.group_resource for r in result.requests] + [s.group_resource for s in result.skipped]
+    assert [n for n, count in Counter(names).items() if count > 1] == []
+    # widgets is served in v1 and v2 and requested once, in the preferred version.
+    assert [r for r in result.requests if r.resource == "widgets"] == [
+        InitialRequest(
+            group="bars.example.com",
+            version="v2",
+            resource="widgets",
+            origin="custom",
+            storage_version_hash="dcbo7X9Z3o4=",
+        )
+    ]
+
+
+def test_every_discovered_group_resource_is_requested_or_skipped() -> None:
+    result = plan()
+    discovered = {r.group_resource for r in realistic_discovery()}
+    accounted = {r.group_resource for r in result.requests} | {s.group_resource for s in result.skipped}
+    assert accounted == discovered
+
+
+def test_requests_sorted_by_group_then_resource_with_the_discovery_hash() -> None:
+    result = plan()
+    keys = [(r.group, r.resource) for r in result.requests]
+    assert keys == sorted(keys)
+    assert keys[0] == ("", "configmaps")
+    assert [(r.group_resource, r.storage_version_hash) for r in result.requests if not r.group][:3] == [
+        ("configmaps", "qFsyl6wFWjQ="),
+        ("endpoints", "fWeeMqaN/OA="),
+        ("events", EVENTS_HASH),
+    ]
+    assert [r.group_resource for r in result.requests] == [
+        *CORE_PERSISTED,
+        "controllerrevisions.apps",
+        "daemonsets.apps",
+        "deployments.apps",
+        "replicasets.apps",
+        "statefulsets.apps",
+        "widgets.bars.example.com",
+        "flunders.wardle.example.com",
+        "putonlies.wardle.example.com",
+    ]
+    skipped = [s.group_resource for s in result.skipped]
+    assert skipped == sorted(skipped, key=lambda n: (n.partition(".")[2], n.partition(".")[0]))
+
+
+CORE_PERSISTED = [
+    "configmaps",
+    "endpoints",
+    "events",
+    "limitranges",
+    "namespaces",
+    "nodes",
+    "persistentvolumeclaims",
+    "persistentvolumes",
+    "pods",
+    "podtemplates",
+    "replicationcontrollers",
+    "resourcequotas",
+    "secrets",
+    "serviceaccounts",
+    "services",
+]
+
+
+def svm(name: str, resource: str, *, group: str = "", state: str = "new") -> StorageVersionMigration:
+    migration = new_storage_version_migration(group=group, version="v1", resource=resource, name=name)
+    if state != "new":
+        migration.status.conditions = set_condition(
+            migration.status.conditions, condition_type=state, status="True", now=NOW
+        )
+    return migration
+
+
+NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("rule", "existing", "group_resource", "expected"),
+    [
+        (
+            "a pending (no status) request already exists for the resource",
+            [svm("secrets-abcde", "secrets")],
+            "secrets",
+            "skip already requested: secrets-abcde",
+        ),
+        (
+            "a Running request is pending too",
+            [svm("deployments.apps-x", "deployments", group="apps", state="Running")],
+            "deployments.apps",
+            "skip already requested: deployments.apps-x",
+        ),
+        (
+            "a Succeeded request is a record of the past, not pending: a new request is made",
+            [svm("secrets-old", "secrets", state="Succeeded")],
+            "secrets",
+            "request built-in v1",
+        ),
+        (
+            "a Failed request is finished, not pending: a new request is made",
+            [svm("secrets-old", "secrets", state="Failed")],
+            "secrets",
+            "request built-in v1",
+        ),
+        (
+            "a pending request of another resource does not count",
+            [svm("configmaps-a", "configmaps")],
+            "secrets",
+            "request built-in v1",
+        ),
+        (
+            "a pending request through the other name of a shared storage counts (same objects)",
+            [svm("ev-1", "events", group="events.k8s.io")],
+            "events",
+            "skip already requested: ev-1",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_already_requested(
+    rule: str, existing: list[StorageVersionMigration], group_resource: str, expected: str
+) -> None:
+    assert outcome(plan(existing=existing), group_resource) == expected
+
+
+@pytest.mark.parametrize(
+    ("rule", "include", "exclude", "expected"),
+    [
+        (
+            "include names a core resource as <resource>",
+            ("secrets",),
+            (),
+            {"secrets": "request built-in v1", "configmaps": "skip not in the include list"},
+        ),
+        (
+            "include names a group resource as <resource>.<group>",
+            ("deployments.apps",),
+            (),
+            {"deployments.apps": "request built-in v1", "secrets": "skip not in the include list"},
+        ),
+        (
+            "exclude wins over include (applied after it, as the settings say)",
+            ("secrets", "configmaps"),
+            ("secrets",),
+            {"secrets": "skip in the exclude list", "configmaps": "request built-in v1"},
+        ),
+        (
+            "names are matched case-insensitively",
+            (),
+            ("Secrets",),
+            {"secrets": "skip in the exclude list", "configmaps": "request built-in v1"},
+        ),
+        (
+            "including the skipped name of a shared storage migrates that storage through the kept name",
+            ("events.events.k8s.io",),
+            (),
+            {"events": "request built-in v1", "events.events.k8s.io": "skip shares storage with events"},
+        ),
+        (
+            "excluding either name of a shared storage excludes the storage",
+            (),
+            ("events.events.k8s.io",),
+            {
+                "events": "skip in the exclude list (as events.events.k8s.io, which shares its storage)",
+                "events.events.k8s.io": "skip shares storage with events",
+            },
+        ),
+        (
+            "filters do not hide structural reasons: an excluded sub-resource is still a sub-resource",
+            (),
+            ("pods/status",),
+            {"pods/status": "skip sub-resource: stored with its parent resource", "pods": "request built-in v1"},
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_include_and_exclude(
+    rule: str, include: tuple[str, ...], exclude: tuple[str, ...], expected: dict[str, str]
+) -> None:
+    result = plan(include=include, exclude=exclude)
+    assert {name: outcome(result, name) for name in expected} == expected
+
+
+def test_include_only_requests_what_it_names() -> None:
+    result = plan(include=("secrets", "widgets.bars.example.com"))
+    assert [r.group_resource for r in result.requests] == ["secrets", "widgets.bars.example.com"]
+
+
+def test_crd_without_discovery_entry_is_reported() -> None:
+    """A CRD that is not served yet (not established) has no hash to migrate to: said, not dropped silently."""
+    gadgets = CrdInfo(group="bars.example.com", plural="gadgets", storage_version="v1")
+    result = plan_initialization(realistic_discovery(), crds=[gadgets], apiservices=[], existing=[])
+    assert outcome(result, "gadgets.bars.example.com") == "skip defined by a CRD but not served by discovery"
+    # Without the CRD and APIService lists, widgets and flunders are counted as built-in.
+    assert outcome(result, "widgets.bars.example.com") == "request built-in v2"
+    assert outcome(result, "flunders.wardle.example.com") == "request built-in v1beta1"
+
+
+def test_crd_from_object_reads_the_storage_version() -> None:
+    assert CrdInfo.from_object(CRD_OBJECT) == CrdInfo(group="bars.example.com", plural="widgets", storage_version="v2")
+
+
+def test_crd_from_object_v1beta1_single_version() -> None:
+    legacy = {
+        "metadata": {"name": "foos.example.com"},
+        "spec": {"group": "example.com", "version": "v1alpha1", "names": {"plural": "foos"}},
+    }
+    assert CrdInfo.from_object(legacy) == CrdInfo(group="example.com", plural="foos", storage_version="v1alpha1")
+
+
+def test_crd_from_object_rejects_a_crd_without_group() -> None:
+    with pytest.raises(ValueError, match=r"'broken' has no spec\.group"):
+        CrdInfo.from_object({"metadata": {"name": "broken"}, "spec": {"names": {"plural": "x"}}})
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        (APISERVICES[0], ApiServiceInfo(group="", version="v1", has_service=False)),
+        (APISERVICES[1], ApiServiceInfo(group="apps", version="v1", has_service=False)),
+        (APISERVICES[4], ApiServiceInfo(group="wardle.example.com", version="v1beta1", has_service=True)),
+        # kube-apiserver omits spec.service for local APIServices rather than writing null.
+        ({"spec": {"group": "batch", "version": "v1"}}, ApiServiceInfo(group="batch", version="v1", has_service=False)),
+    ],
+)
+def test_apiservice_from_object(obj: dict[str, Any], expected: ApiServiceInfo) -> None:
+    assert ApiServiceInfo.from_object(obj) == expected
+
+
+def test_apiservice_from_object_rejects_one_without_version() -> None:
+    with pytest.raises(ValueError, match=r"no spec\.version"):
+        ApiServiceInfo.from_object({"metadata": {"name": "odd"}, "spec": {"group": "x"}})
+
+
+def test_aggregated_means_the_requested_group_version_is_served_by_a_service() -> None:
+    """Seed 002 lists APIServices, which are per group *version*: another version of the group may be local."""
+    discovered = parse_resource_list(
+        doc("wardle.example.com/v1", entry("flunders", "Flunder", RW, "Gz4cX8lGXKc=")), preferred=True
+    ) + parse_resource_list(doc("wardle.example.com/v1beta1", entry("flunders", "Flunder", RW, "Gz4cX8lGXKc=")))
+    services = [
+        ApiServiceInfo(group="wardle.example.com", version="v1", has_service=False),
+        ApiServiceInfo(group="wardle.example.com", version="v1beta1", has_service=True),
+    ]
+    result = plan_initialization(discovered, crds=[], apiservices=services, existing=[])
+    assert outcome(result, "flunders.wardle.example.com") == "request built-in v1"
+    flipped = [ApiServiceInfo(group="wardle.example.com", version="v1", has_service=True)]
+    result = plan_initialization(discovered, crds=[], apiservices=flipped, existing=[])
+    assert outcome(result, "flunders.wardle.example.com") == "request aggregated v1"

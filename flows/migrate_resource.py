@@ -124,11 +124,10 @@ def migrate_resource(
     """Migrate one resource: `migration` names an existing request; else `resource`
     (with `group`, `version`) creates one. Other parameters override the settings."""
     logger = get_run_logger()
-    overrides: dict[str, Any] = {
-        "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
-        "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
-    }  # fmt: skip
-    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    settings = Settings.with_overrides(
+        chunk_size=chunk_size, write_rate_per_second=write_rate_per_second, write_concurrency=write_concurrency,
+        kubeconfig=kubeconfig, context=context,
+    )  # fmt: skip
     handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
     _label_run(handle)
     if handle.finished:

@@ -1,176 +1,210 @@
-"""The embedded default: a simulated cluster with sample data, an upgrade, and a
-no-op rewrite of every object, judged by what etcd holds.
+"""The embedded default: a simulated cluster with sample data, a local Prefect
+server with the project's deployments and a worker, an upgrade, and the
+migrations run through the deployments, judged by what etcd holds.
 
-What this shows today (issue 2, the foundation): kubesim over a real etcd,
-discovery with storage version hashes, a storage version switch and an
-encryption key rotation that leave untouched objects behind in etcd, and the
-access layer's minimal merge patch re-encoding them. The Prefect flows that do
-this for real (chunked, checkpointed, rate limited, detected from discovery)
-take the rewrite's place as issues 3 and 4 land.
+1. kubesim over a real etcd, with Secrets (encrypted with key1), ConfigMaps and
+   objects of a CRD;
+2. a Prefect server (UI included), `prefect deploy --all`, a process worker;
+3. the "upgrade": ConfigMaps stored as v2, the CRD's storage version moved to
+   v2, Secrets written with a new key key2 — untouched objects stay as they were;
+4. `prefect deployment run initialize/initialize`: a StorageVersionMigration per
+   persisted resource, run by `run-migrations` as `migrate-resource` flow runs;
+5. a summary a person can check: objects rewritten per resource, and etcd now
+   holding only the new version and key.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import threading
 import time
 from collections import Counter
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import yaml
 from kubernetes import client as k8s
 
+from devstack import REPO, PrefectStack
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import ENCRYPTED_PREFIX
 from kubesim.etcd import EtcdStore, prefix_end
-from storage_migrator.cli import main as storage_migrator_cli
 from storage_migrator.kube.connection import api_client_from_settings
-from storage_migrator.kube.errors import Conflict, NotFound
-from storage_migrator.kube.listing import iterate_items
-from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.kube.writing import rewrite_with_patch
+from storage_migrator.migrations import list_migrations
+from storage_migrator.models import is_condition_true
 from storage_migrator.settings import Settings
 
+WIDGETS = "widgets.demo.example.com"
+SCHEMA = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
 WIDGET_CRD: dict[str, Any] = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.demo.example.com"},
+    "metadata": {"name": WIDGETS},
     "spec": {
         "group": "demo.example.com",
         "scope": "Namespaced",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
         "versions": [
-            {"name": "v1", "served": True, "storage": True,
-             "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}},
-            {"name": "v2", "served": True, "storage": False,
-             "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}},
+            {"name": "v1", "served": True, "storage": True, "schema": SCHEMA},
+            {"name": "v2", "served": True, "storage": False, "schema": SCHEMA},
         ],
     },
-}  # fmt: skip
-
-RESOURCES = {
-    "secrets": ResourceRef(version="v1", resource="secrets"),
-    "configmaps": ResourceRef(version="v1", resource="configmaps"),
-    "widgets.demo.example.com": ResourceRef(group="demo.example.com", version="v2", resource="widgets"),
 }
 PREFIXES = {
-    "secrets": b"/registry/secrets/",
-    "configmaps": b"/registry/configmaps/",
-    "widgets.demo.example.com": b"/registry/demo.example.com/widgets/",
+    "secrets": b"/registry/secrets/demo/",
+    "configmaps": b"/registry/configmaps/demo/",
+    WIDGETS: b"/registry/demo.example.com/widgets/demo/",
 }
 
 
 def stored_forms(etcd: EtcdStore, prefix: bytes) -> Counter[str]:
-    """How the values under a prefix are stored: by apiVersion or encryption key."""
+    """How the values under a prefix are stored: by apiVersion, or by encryption key."""
     forms: Counter[str] = Counter()
     for kv in etcd.range(prefix, prefix_end(prefix)).kvs:
         if kv.value.startswith(ENCRYPTED_PREFIX):
-            forms[kv.value.split(b":")[4].decode().join(["encrypted with ", ""])] += 1
+            forms[f"encrypted with {kv.value.split(b':')[4].decode()}"] += 1
         else:
             forms[f"apiVersion {json.loads(kv.value)['apiVersion']}"] += 1
     return forms
 
 
-def report(title: str, etcd: EtcdStore) -> None:
+def report(title: str, etcd: EtcdStore) -> dict[str, Counter[str]]:
     print(f"\n{title}")
+    found = {}
     for name, prefix in PREFIXES.items():
-        forms = ", ".join(f"{n} {form}" for form, n in sorted(stored_forms(etcd, prefix).items()))
+        found[name] = stored_forms(etcd, prefix)
+        forms = ", ".join(f"{n} {form}" for form, n in sorted(found[name].items()))
         print(f"  {name:<26} {forms}")
+    return found
 
 
 def seed(api: k8s.ApiClient, *, count: int) -> None:
     core = k8s.CoreV1Api(api)
-    custom = k8s.CustomObjectsApi(api)
-    k8s.ApiextensionsV1Api(api).create_custom_resource_definition(WIDGET_CRD)
+    ext = k8s.ApiextensionsV1Api(api)
+    for path in sorted((REPO / "deployments" / "crds").glob("*.yaml")):
+        ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+    ext.create_custom_resource_definition(WIDGET_CRD)
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="demo")))
-    for i in range(count):
+    custom = k8s.CustomObjectsApi(api)
+    time.sleep(0.5)  # kubesim serves a new CRD within 0.25 s, as an API server takes a moment
+
+    def one(i: int) -> None:
         core.create_namespaced_secret(
             "demo", k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"secret-{i:05d}"), string_data={"password": f"p{i}"})
         )
         core.create_namespaced_config_map(
             "demo", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=f"config-{i:05d}"), data={"key": f"value-{i}"})
         )
-    for _ in range(50):  # the CRD is served once it is established
-        try:
-            custom.list_namespaced_custom_object("demo.example.com", "v1", "demo", "widgets")
-            break
-        except k8s.ApiException:
-            time.sleep(0.1)
-    for i in range(count // 2):
-        body = {"apiVersion": "demo.example.com/v1", "kind": "Widget", "metadata": {"name": f"widget-{i:05d}"},
-                "spec": {"size": i}}  # fmt: skip
-        custom.create_namespaced_custom_object("demo.example.com", "v1", "demo", "widgets", body)
+        if i % 2 == 0:
+            body = {"apiVersion": "demo.example.com/v1", "kind": "Widget",
+                    "metadata": {"name": f"widget-{i:05d}"}, "spec": {"size": i}}  # fmt: skip
+            custom.create_namespaced_custom_object("demo.example.com", "v1", "demo", "widgets", body)
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(one, range(count)))
 
 
-def rewrite_all(api: k8s.ApiClient) -> Counter[str]:
-    """A no-op merge patch of every object (issue 3's migration flow does this properly)."""
-    outcomes: Counter[str] = Counter()
-    for name, ref in RESOURCES.items():
-        for item in iterate_items(api, ref, limit=500, metadata_only=True):
-            meta = item["metadata"]
-            try:
-                result = rewrite_with_patch(
-                    api, ref, name=meta["name"], namespace=meta.get("namespace"),
-                    resource_version=meta["resourceVersion"],
-                )  # fmt: skip
-            except (NotFound, Conflict):
-                outcomes[f"{name} skipped"] += 1
-                continue
-            outcomes[f"{name} {'rewritten' if result.rewritten else 'unchanged'}"] += 1
-    return outcomes
+def upgrade(api: k8s.ApiClient, admin: Admin) -> None:
+    admin.set_storage_version("configmaps", "v2")
+    ext = k8s.ApiextensionsV1Api(api)
+    crd = ext.read_custom_resource_definition(WIDGETS)
+    crd.spec.versions[0].storage, crd.spec.versions[1].storage = False, True
+    ext.replace_custom_resource_definition(WIDGETS, crd)
+    admin.set_encryption(["key2", "key1"])
+
+
+def wait_for_migrations(api: Any, *, timeout: float) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        migrations = list_migrations(api)
+        done = [
+            m for m in migrations if any(is_condition_true(m.status.conditions, c) for c in ("Succeeded", "Failed"))
+        ]
+        if migrations and len(done) == len(migrations):
+            return migrations
+        if time.monotonic() > deadline:
+            raise SystemExit(f"demo: {len(migrations) - len(done)} migrations still pending after {timeout:.0f} s")
+        time.sleep(1)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--objects", type=int, default=1000, help="Secrets and ConfigMaps each (default 1000)")
-    parser.add_argument("--keep", action="store_true", help="keep kubesim running afterwards (Ctrl-C stops it)")
-    parser.add_argument("--kubeconfig", type=Path, default=Path(".demo/kubeconfig"))
+    parser.add_argument("--objects", type=int, default=1000,
+                        help="Secrets and ConfigMaps each, and half as many Widgets (default 1000)")  # fmt: skip
+    parser.add_argument(
+        "--write-rate",
+        type=float,
+        default=250.0,
+        help="writes per second shared by all migrations (default 250; production default 10)",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep everything running afterwards (Ctrl-C stops it)")
     args = parser.parse_args()
-
+    workdir = REPO / ".demo"
+    kubeconfig = workdir / "kubeconfig"
+    stack = PrefectStack(
+        workdir / "prefect",
+        worker_env={
+            "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig),
+            "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": str(args.write_rate),
+            "STORAGE_MIGRATOR_MAX_PARALLEL_MIGRATIONS": "4",
+        },
+    )
+    stack.wipe()
     with Cluster() as cluster:
-        kubeconfig = cluster.write_kubeconfig(args.kubeconfig)
-        admin = f"uv run python -m kubesim admin --kubeconfig {kubeconfig}"
-        print(f"kubesim: API server {cluster.server.url}, etcd {cluster.etcd_url}, kubeconfig {kubeconfig}")
+        cluster.write_kubeconfig(kubeconfig)
+        admin = Admin(cluster.server.url)
         api = api_client_from_settings(Settings(kubeconfig=kubeconfig))
         etcd = cluster.etcd()
-        seed(api, count=args.objects)
-        print("\nDiscovery, as the detection flow will read it:")
-        storage_migrator_cli(["--kubeconfig", str(kubeconfig), "discover"])
-        report("etcd after install:", etcd)
-
-        print("\nUpgrade: configmaps stored as v2, the Widget CRD stores v2, Secrets get write key key2")
-        admin_api = Admin(cluster.server.url)
-        admin_api.set_storage_version("configmaps", "v2")
-        crd = k8s.ApiextensionsV1Api(api).read_custom_resource_definition("widgets.demo.example.com")
-        crd.spec.versions[0].storage, crd.spec.versions[1].storage = False, True
-        k8s.ApiextensionsV1Api(api).replace_custom_resource_definition("widgets.demo.example.com", crd)
-        admin_api.set_encryption(["key2", "key1"])
-        time.sleep(0.5)  # the CRD cache of kubesim refreshes within 0.25 s
-        storage_migrator_cli(["--kubeconfig", str(kubeconfig), "discover"])
-        report("etcd right after the upgrade (nothing re-written yet):", etcd)
-
-        started = time.monotonic()
-        outcomes = rewrite_all(api)
-        elapsed = time.monotonic() - started
-        print(f"\nNo-op rewrite of every object: {dict(sorted(outcomes.items()))} in {elapsed:.1f} s")
-        report("etcd after the rewrite:", etcd)
-        again = rewrite_all(api)
-        print(f"\nA second rewrite changes nothing: {dict(sorted(again.items()))}")
-        etcd.close()
-        api.close()
-        if args.keep:
-            print(f"\nkubesim keeps running. Try:\n  kubectl --kubeconfig {kubeconfig} get secrets -n demo --chunk-size=50"
-                  f"\n  {admin} stored /registry/configmaps/demo/\nCtrl-C stops it.")  # fmt: skip
-            stop = threading.Event()
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            stop.wait()
-    return 0
+        try:
+            print(f"1. kubesim on {cluster.server.url} (etcd {cluster.etcd_url}), kubeconfig {kubeconfig}")
+            seed(api, count=args.objects)
+            report("   etcd after install:", etcd)
+            print(f"\n2. Prefect server on {stack.ui_url} (home {stack.home}); deploying prefect.yaml; a worker")
+            stack.start_server()
+            stack.deploy()
+            stack.start_worker()
+            print("\n3. Upgrade: ConfigMaps stored as v2, the Widget CRD stores v2, Secrets get write key key2")
+            upgrade(api, admin)
+            report("   etcd right after the upgrade (nothing re-written yet):", etcd)
+            print("\n4. prefect deployment run initialize/initialize")
+            started = time.monotonic()
+            print("   " + stack.run("deployment", "run", "initialize/initialize").strip().splitlines()[0])
+            migrations = wait_for_migrations(api, timeout=900)
+            print(f"   {len(migrations)} migrations finished in {time.monotonic() - started:.0f} s")
+            print("\n5. Summary")
+            print(f"   {'RESOURCE':<46} {'PHASE':<10} {'LISTED':>7} {'REWRITTEN':>9} {'UNCHANGED':>9}")
+            for m in sorted(migrations, key=lambda m: (m.spec.resource.group, m.spec.resource.resource)):
+                r, p = m.spec.resource, m.status.progress
+                name = f"{r.resource}.{r.group}" if r.group else r.resource
+                print(f"   {name:<46} {m.status.phase or '':<10} {p.listed if p else 0:>7} "
+                      f"{p.rewritten if p else 0:>9} {p.unchanged if p else 0:>9}")  # fmt: skip
+            after = report("   etcd after the migrations:", etcd)
+            expected = {"secrets": "encrypted with key2", "configmaps": "apiVersion v2",
+                        WIDGETS: "apiVersion demo.example.com/v2"}  # fmt: skip
+            ok = all(set(after[n]) == {form} for n, form in expected.items())
+            print(f"\n   etcd holds only the new version and key: {'yes' if ok else 'NO'}")
+            print(f"\n   Look in the Prefect UI at {stack.ui_url}: Runs (initialize, run-migrations, one "
+                  "migrate-<resource>-<version>-<uid> run per resource), Artifacts (progress and outcome tables), "
+                  "Deployments.")  # fmt: skip
+            print(f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations")
+            if args.keep:
+                print("\nEverything keeps running; Ctrl-C stops it.")
+                stop = threading.Event()
+                signal.signal(signal.SIGINT, lambda *_: stop.set())
+                signal.signal(signal.SIGTERM, lambda *_: stop.set())
+                stop.wait()
+            return 0 if ok else 1
+        finally:
+            stack.stop()
+            etcd.close()
+            api.close()  # type: ignore[no-untyped-call]
 
 
 if __name__ == "__main__":
+    os.chdir(REPO)
     sys.exit(main())

@@ -224,6 +224,15 @@ class Settings(BaseSettings):
             )
         return self
 
+    @classmethod
+    def with_overrides(cls, **overrides: Any) -> Settings:
+        """The environment's settings with the flow parameters that were given (None: not given).
+
+        Flow parameters override settings (DESIGN 5); validation errors name the field.
+        """
+        values: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
+        return cls(**values)
+
     @property
     def stale_after(self) -> float:
         """The stale threshold in seconds: the explicit value or two poll periods."""

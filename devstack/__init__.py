@@ -1,0 +1,117 @@
+"""The local stack a newcomer, the e2e tests and the benchmarks run on one machine:
+a Prefect server on a free port with its own home, the project's deployments
+from `prefect.yaml`, and a process worker pointed at a cluster.
+
+Not product code (the product runs against whatever Prefect server and cluster
+the operator has); it drives the same `prefect` commands an operator types.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+POOL = "storage-migrator-local"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _prefect() -> list[str]:
+    exe = Path(sys.executable).with_name("prefect")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "prefect"]
+
+
+class PrefectStack:
+    """`prefect server start` + work pool + `prefect deploy --all` + `prefect worker start`."""
+
+    def __init__(self, home: Path, *, port: int | None = None, worker_env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.port = port or free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self.ui_url = f"http://127.0.0.1:{self.port}"
+        self.worker_env = worker_env or {}
+        self._server: subprocess.Popen[bytes] | None = None
+        self._worker: subprocess.Popen[bytes] | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PREFECT_HOME": str(self.home),
+            "PREFECT_API_URL": self.api_url,
+            "DO_NOT_TRACK": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
+        }
+
+    def _log(self, name: str) -> int:
+        self.home.mkdir(parents=True, exist_ok=True)
+        return os.open(self.home / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run([*_prefect(), *args], cwd=REPO, env=self.env, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"prefect {' '.join(args)} failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return done.stdout
+
+    def start_server(self, *, timeout: float = 120) -> None:
+        log = self._log("server")
+        server_env = {**self.env}
+        server_env.pop("PREFECT_API_URL")
+        self._server = subprocess.Popen(
+            [*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=REPO, env=server_env, stdout=log, stderr=log,
+        )  # fmt: skip
+        os.close(log)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._server.poll() is not None:
+                raise RuntimeError(f"prefect server exited; see {self.home / 'server.log'}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"prefect server not healthy after {timeout}s; see {self.home / 'server.log'}")
+            time.sleep(0.5)
+
+    def deploy(self) -> None:
+        self.run("work-pool", "create", POOL, "--type", "process", "--overwrite")
+        self.run("--no-prompt", "deploy", "--all")
+
+    def start_worker(self) -> None:
+        log = self._log("worker")
+        self._worker = subprocess.Popen(
+            [*_prefect(), "worker", "start", "--pool", POOL, "--limit", "8"],
+            # Poll for new runs every 2 s instead of 10: runs start sooner on a laptop.
+            cwd=REPO, env={**self.env, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env}, stdout=log, stderr=log,
+        )  # fmt: skip
+        os.close(log)
+
+    def stop(self) -> None:
+        for proc in (self._worker, self._server):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self._worker = self._server = None
+
+    def wipe(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)

@@ -1,0 +1,105 @@
+"""`run-migrations`: run every pending StorageVersionMigration, whoever created it.
+
+Reads like seed 002's controller loop: list the requests, pick what may run now
+(a pure plan: resumed ones first, then oldest; one at a time per resource, as
+seed 003 asks; at most `max_parallel` resources at once), run each as its own
+`migrate-resource` flow run, and when one ends, look again. Deployed, each
+migration is a run of the `migrate-resource` deployment, so workers on several
+machines share the work; called directly, each is a subflow in this process.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.client.schemas.objects import FlowRun
+from prefect.deployments import run_deployment
+from prefect.runtime import deployment
+from pydantic import BaseModel, Field
+
+from flows.migrate_resource import migrate_resource
+from storage_migrator.dispatch import migration_resource, plan_dispatch
+from storage_migrator.settings import Settings
+from tasks.dispatching import read_migrations
+
+MIGRATE_DEPLOYMENT = "migrate-resource/migrate-resource"
+
+
+class DispatchSummary(BaseModel):
+    """Which requests this run started, and how each ended (by name)."""
+
+    outcomes: dict[str, str] = Field(default_factory=dict)
+    waiting: dict[str, str] = Field(default_factory=dict, description="Pending requests left, with the reason.")
+
+
+def _run_one(name: str, overrides: dict[str, Any], deployed: bool) -> str:
+    if deployed:
+        run = cast(FlowRun, run_deployment(MIGRATE_DEPLOYMENT, parameters={"migration": name, **overrides},
+                                           timeout=None, as_subflow=True))  # fmt: skip
+        return str(run.state.name) if run.state else "Unknown"
+    state = migrate_resource(migration=name, return_state=True, **overrides)
+    return str(state.name)
+
+
+@flow(name="run-migrations", persist_result=False, log_prints=False)
+def run_migrations(
+    max_parallel: int | None = None,
+    lease_seconds: float | None = None,
+    chunk_size: int | None = None,
+    write_rate_per_second: float | None = None,
+    write_concurrency: int | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+) -> DispatchSummary:
+    logger = get_run_logger()
+    # Passed on to every migrate-resource run, as given (None: the worker's settings).
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
+            "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
+        }.items()
+        if v is not None
+    }  # fmt: skip
+    settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
+    deployed = deployment.id is not None
+    summary = DispatchSummary()
+    attempted: set[str] = set()
+    running: dict[Future[str], tuple[str, str]] = {}
+    with ThreadPoolExecutor(max_workers=settings.max_parallel_migrations, thread_name_prefix="migration") as pool:
+        while True:
+            # A request is started at most once per dispatcher run: one that is still
+            # pending after its run (crashed, cancelled) waits for the next dispatcher.
+            pending = [m for m in read_migrations(settings) if m.metadata.name not in attempted]
+            plan = plan_dispatch(
+                pending, now=datetime.now(UTC), max_parallel=settings.max_parallel_migrations,
+                lease_seconds=settings.lease_seconds, active={res for _, res in running.values()},
+            )  # fmt: skip
+            by_name = {m.metadata.name: m for m in pending}
+            for name in plan.start:
+                attempted.add(name)
+                resource = migration_resource(by_name[name])
+                logger.info("starting %s (%s)", name, resource)
+                ctx = contextvars.copy_context()  # keeps the subflow under this flow run
+                running[pool.submit(ctx.run, _run_one, name, overrides, deployed)] = (name, resource)
+            summary.waiting = {w.name: w.reason for w in plan.waiting}
+            if not running:
+                break
+            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            for future in done:
+                name, resource = running.pop(future)
+                try:
+                    summary.outcomes[name] = future.result()
+                except Exception as exc:  # noqa: BLE001 - one migration's crash must not stop the others
+                    summary.outcomes[name] = f"Crashed: {type(exc).__name__}: {exc}"
+                logger.info("%s (%s): %s", name, resource, summary.outcomes[name])
+    rows = [{"migration": n, "outcome": o} for n, o in summary.outcomes.items()]
+    rows += [{"migration": n, "outcome": f"waiting: {r}"} for n, r in summary.waiting.items()]
+    if rows:
+        create_table_artifact(table=rows, key="run-migrations", description="Migrations started by this run")
+    return summary

@@ -1,0 +1,57 @@
+"""Tasks of the dispatcher and the initializer: read what there is, create requests.
+
+They read and create StorageVersionMigration objects (our own, holding no data
+of migrated objects) and read discovery, CRDs and APIServices; the decisions
+are the pure planners of `storage_migrator.dispatch` and
+`storage_migrator.initializer`.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+
+from storage_migrator.initializer import ApiServiceInfo, CrdInfo, InitialRequest, InitPlan, plan_initialization
+from storage_migrator.kube.discovery import discover_resources
+from storage_migrator.kube.listing import iterate_items
+from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.migrations import create_migration, list_migrations
+from storage_migrator.models import StorageVersionMigration, new_storage_version_migration
+from storage_migrator.settings import Settings
+from tasks.common import PRIVATE, connected
+
+CRDS = ResourceRef(group="apiextensions.k8s.io", version="v1", resource="customresourcedefinitions")
+APISERVICES = ResourceRef(group="apiregistration.k8s.io", version="v1", resource="apiservices")
+
+
+@task(name="read-migrations", **PRIVATE)
+def read_migrations(settings: Settings) -> list[StorageVersionMigration]:
+    with connected(settings) as api:
+        return list_migrations(api)
+
+
+@task(name="plan-initialization", **PRIVATE)
+def plan_initial_requests(settings: Settings, *, include: list[str], exclude: list[str]) -> InitPlan:
+    """Discovery (all of it: no plan on a partial picture), CRDs, APIServices and requests, then the plan."""
+    with connected(settings) as api:
+        discovered = discover_resources(api, timeout=settings.request_timeout_seconds)
+        crds = [CrdInfo.from_object(o) for o in iterate_items(api, CRDS, limit=500)]
+        apiservices = [ApiServiceInfo.from_object(o) for o in iterate_items(api, APISERVICES, limit=500)]
+        existing = list_migrations(api)
+    return plan_initialization(discovered, crds=crds, apiservices=apiservices, existing=existing,
+                               include=include, exclude=exclude)  # fmt: skip
+
+
+@task(name="create-requests", **PRIVATE)
+def create_requests(settings: Settings, requests: list[InitialRequest]) -> list[str]:
+    """One StorageVersionMigration per request, named `<resource>.<group>-xxxxx` by the server."""
+    names = []
+    with connected(settings) as api:
+        for request in requests:
+            created = create_migration(
+                api,
+                new_storage_version_migration(group=request.group, version=request.version,
+                                              resource=request.resource,
+                                              labels={"migration.k8s.io/requested-by": "initialize"}),
+            )  # fmt: skip
+            names.append(created.metadata.name or "")
+    return names

@@ -1,0 +1,153 @@
+"""The `run-migrations` and `initialize` flows against kubesim, on a Prefect test server."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from kubesim.codec import decode
+from kubesim.etcd import prefix_end
+from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.migrations import list_migrations, read_migration
+from storage_migrator.models import is_condition_true
+from storage_migrator.settings import Settings
+
+pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")
+GROUP, VERSION, PLURAL = "migration.k8s.io", "v1alpha1", "storageversionmigrations"
+FAST = {"write_rate_per_second": 2000.0, "write_concurrency": 8}
+
+
+@pytest.fixture
+def api(kubesim: Any) -> Iterator[k8s.ApiClient]:
+    client = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def cleanup_requests(api: k8s.ApiClient) -> Iterator[None]:
+    """Requests left pending would be picked up by the next test's dispatcher."""
+    custom = k8s.CustomObjectsApi(api)
+    before = {m["metadata"]["name"] for m in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]}
+    yield
+    for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
+        if item["metadata"]["name"] not in before:
+            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
+
+
+def request(api: k8s.ApiClient, name: str, resource: str, group: str = "", version: str = "v1") -> None:
+    k8s.CustomObjectsApi(api).create_cluster_custom_object(
+        GROUP, VERSION, PLURAL,
+        {"apiVersion": f"{GROUP}/{VERSION}", "kind": "StorageVersionMigration", "metadata": {"name": name},
+         "spec": {"resource": {"group": group, "version": version, "resource": resource}}},
+    )  # fmt: skip
+
+
+def stored_versions(kubesim: Any, prefix: str) -> set[str]:
+    raw = prefix.encode()
+    return {decode(kv.value, read_keys=["key1", "key2"]).api_version for kv in kubesim.etcd.range(raw, prefix_end(raw)).kvs}
+
+
+def test_pending_requests_run_oldest_first_and_one_at_a_time_per_resource(
+    kubesim: Any, namespace: str, api: k8s.ApiClient, cleanup_requests: None
+) -> None:
+    """DESIGN 4.6 and seed 003: "requests for the same resource run one after
+    another"; every pending request is picked up, whoever created it."""
+    from flows.run_migrations import run_migrations
+
+    core = k8s.CoreV1Api(api)
+    for i in range(15):
+        core.create_namespaced_config_map(namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=f"c{i}")))
+        core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s{i}")))
+    kubesim.admin.set_storage_version("configmaps", "v2")
+    kubesim.admin.set_encryption(["key2", "key1"])
+    request(api, "first-configmaps", "configmaps")
+    request(api, "second-configmaps", "configmaps")
+    request(api, "only-secrets", "secrets")
+
+    summary = run_migrations(max_parallel=2, kubeconfig=kubesim.kubeconfig, chunk_size=5, **FAST)
+    assert summary.outcomes == {"first-configmaps": "Completed", "only-secrets": "Completed",
+                                "second-configmaps": "Completed"}  # fmt: skip
+    ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    first, second = read_migration(ours, "first-configmaps"), read_migration(ours, "second-configmaps")
+    for m in (first, second, read_migration(ours, "only-secrets")):
+        assert is_condition_true(m.status.conditions, "Succeeded"), m.metadata.name
+    assert first.status.finished_at and second.status.started_at
+    assert second.status.started_at >= first.status.finished_at
+    assert second.status.progress and second.status.progress.rewritten == 0  # the first did all the work
+    assert stored_versions(kubesim, f"/registry/configmaps/{namespace}/") == {"v2"}
+    keys = {kv.value.split(b":")[4] for kv in kubesim.etcd.range(
+        f"/registry/secrets/{namespace}/".encode(), prefix_end(f"/registry/secrets/{namespace}/".encode())).kvs}  # fmt: skip
+    assert keys == {b"key2"}
+
+
+def test_a_request_made_with_kubectl_apply_is_run_and_kubectl_wait_sees_it(
+    kubesim: Any, namespace: str, api: k8s.ApiClient, cleanup_requests: None, tmp_path: Path
+) -> None:
+    """seed 002: "The cluster admin can run the kubectl wait --for=condition=Succeeded"."""
+    from flows.run_migrations import run_migrations
+
+    k8s.CoreV1Api(api).create_namespaced_config_map(namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="a")))
+    manifest = tmp_path / "request.yaml"
+    manifest.write_text(
+        f"apiVersion: {GROUP}/{VERSION}\nkind: StorageVersionMigration\nmetadata:\n  name: applied-configmaps\n"
+        "spec:\n  resource:\n    version: v1\n    resource: configmaps\n"
+    )
+    kubectl = ["kubectl", "--kubeconfig", kubesim.kubeconfig]
+    subprocess.run([*kubectl, "apply", "-f", str(manifest)], check=True, capture_output=True, timeout=60)
+    waiter = subprocess.Popen(
+        [*kubectl, "wait", "--for=condition=Succeeded", "storageversionmigration/applied-configmaps", "--timeout=120s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    runner = threading.Thread(target=run_migrations, kwargs={"kubeconfig": kubesim.kubeconfig, **FAST})
+    runner.start()
+    out, err = waiter.communicate(timeout=150)
+    runner.join(timeout=150)
+    assert waiter.returncode == 0, err
+    assert "condition met" in out
+
+
+def test_initialize_requests_every_persisted_resource_and_says_what_it_skipped(
+    kubesim: Any, api: k8s.ApiClient, cleanup_requests: None
+) -> None:
+    """seed 002 "Alpha workflow": requests for every resource from discovery, custom
+    ones from CRDs; sub-resources, resources without a storageVersionHash and the
+    second of a pair that "share the same storage" are left out."""
+    from flows.initialize import initialize
+
+    summary = initialize(start_migrations=False, kubeconfig=kubesim.kubeconfig)
+    ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    created = {m.metadata.name: m for m in list_migrations(ours) if m.metadata.name in summary.created}
+    requested = {(m.spec.resource.group, m.spec.resource.resource) for m in created.values()}
+    for expected in [("", "configmaps"), ("", "secrets"), ("", "events"), ("apps", "deployments"),
+                     ("batch", "cronjobs"), ("migration.k8s.io", "storagestates")]:  # fmt: skip
+        assert expected in requested
+    assert ("events.k8s.io", "events") not in requested
+    skipped = {s.group_resource: s.reason for s in summary.skipped}
+    assert "shares storage" in skipped["events.events.k8s.io"]
+    assert "no storageVersionHash" in skipped["tokenreviews.authentication.k8s.io"]
+    assert all(m.metadata.labels == {"migration.k8s.io/requested-by": "initialize"} for m in created.values())
+
+    again = initialize(start_migrations=False, kubeconfig=kubesim.kubeconfig)
+    assert again.created == []
+    assert "already requested" in {s.group_resource: s.reason for s in again.skipped}["configmaps"]
+
+
+def test_initialize_then_runs_what_it_requested(kubesim: Any, namespace: str, api: k8s.ApiClient,
+                                                cleanup_requests: None) -> None:  # fmt: skip
+    from flows.initialize import initialize
+
+    k8s.CoreV1Api(api).create_namespaced_config_map(namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="x")))
+    kubesim.admin.set_storage_version("configmaps", "v2")
+    summary = initialize(include=["configmaps"], kubeconfig=kubesim.kubeconfig)
+    (name,) = summary.created
+    ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    assert is_condition_true(read_migration(ours, name).status.conditions, "Succeeded")
+    assert stored_versions(kubesim, f"/registry/configmaps/{namespace}/") == {"v2"}

@@ -1,0 +1,142 @@
+"""The deployments of prefect.yaml on a real Prefect server with a process worker,
+started the way an operator starts them (`prefect deploy --all`, `prefect worker
+start`, `prefect deployment run`), against kubesim; judged by etcd, the
+StorageVersionMigration objects and the server's flow-run history."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from devstack import PrefectStack
+from kubesim.codec import decode
+from kubesim.etcd import prefix_end
+from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.migrations import list_migrations
+from storage_migrator.models import is_condition_true
+from storage_migrator.settings import Settings
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds")]
+
+
+@pytest.fixture(scope="module")
+def stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
+    stack = PrefectStack(
+        tmp_path_factory.mktemp("prefect-home"),
+        worker_env={
+            "STORAGE_MIGRATOR_KUBECONFIG": kubesim_session.kubeconfig,
+            "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": "500",
+            # The real thing: one write budget shared through the server.
+            "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "true",
+        },
+    )
+    try:
+        stack.start_server()
+        stack.deploy()
+        stack.start_worker()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def flow_runs(stack: PrefectStack) -> list[Any]:
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(api=stack.api_url) as client:
+        return list(client.read_flow_runs(limit=200))
+
+
+def wait_for(predicate: Any, *, timeout: float = 180, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_migrate_resource_deployment_runs_and_is_in_the_history(
+    stack: PrefectStack, kubesim: Any, namespace: str
+) -> None:
+    """DESIGN 2: `prefect deployment run 'migrate-resource/migrate-resource' -p resource=...`
+    creates the request and runs it; operators audit flow-run history."""
+    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    core = k8s.CoreV1Api(api)
+    for i in range(30):
+        core.create_namespaced_config_map(namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=f"e2e-{i}")))
+    kubesim.admin.set_storage_version("configmaps", "v2")
+    ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    before = {m.metadata.name for m in list_migrations(ours)}
+
+    stack.run("deployment", "run", "migrate-resource/migrate-resource", "--param", "resource=configmaps")
+
+    def finished() -> Any:
+        fresh = [m for m in list_migrations(ours) if m.metadata.name not in before]
+        return fresh if fresh and is_condition_true(fresh[0].status.conditions, "Succeeded") else None
+
+    (migration,) = wait_for(finished, what="the configmaps migration to succeed")
+    prefix = f"/registry/configmaps/{namespace}/".encode()
+    versions = {decode(kv.value, read_keys=[]).api_version for kv in kubesim.etcd.range(prefix, prefix_end(prefix)).kvs}
+    assert versions == {"v2"}
+    uid = migration.metadata.uid[:8]
+    run = wait_for(
+        lambda: next((r for r in flow_runs(stack) if r.name == f"migrate-configmaps-v1-{uid}" and r.state
+                      and r.state.is_completed()), None),
+        what="the flow run in the history",
+    )  # fmt: skip
+    assert "resource:configmaps" in run.tags and f"migration:{migration.metadata.name}" in run.tags
+    # DESIGN 4.5: writes share one budget, a global concurrency limit with slot decay.
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(api=stack.api_url) as client:
+        limit = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
+    assert limit.active and limit.slot_decay_per_second == 500
+    api.close()
+
+
+def test_unknown_resource_fails_the_run_with_a_clear_message(stack: PrefectStack, kubesim: Any) -> None:
+    ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    before = {m.metadata.name for m in list_migrations(ours)}
+    stack.run("deployment", "run", "migrate-resource/migrate-resource", "--param", "resource=nosuchthings")
+    run = wait_for(
+        lambda: next((r for r in flow_runs(stack) if r.name == "migrate-nosuchthings" and r.state
+                      and r.state.is_final()), None),
+        what="the failed run",
+    )  # fmt: skip
+    assert run.state.is_failed()
+    assert "nosuchthings" in (run.state.message or "")
+    assert {m.metadata.name for m in list_migrations(ours)} == before
+
+
+def test_a_request_applied_with_kubectl_is_run_by_run_migrations(
+    stack: PrefectStack, kubesim: Any, namespace: str, tmp_path: Path
+) -> None:
+    """DESIGN 2: operators request with `kubectl apply` and wait with `kubectl wait`."""
+    manifest = tmp_path / "svm.yaml"
+    manifest.write_text(json.dumps({
+        "apiVersion": "migration.k8s.io/v1alpha1", "kind": "StorageVersionMigration",
+        "metadata": {"name": "e2e-secrets-key2"}, "spec": {"resource": {"version": "v1", "resource": "secrets"}},
+    }))  # fmt: skip
+    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    k8s.CoreV1Api(api).create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="s")))
+    kubesim.admin.set_encryption(["key2", "key1"])
+    kubectl = ["kubectl", "--kubeconfig", kubesim.kubeconfig]
+    subprocess.run([*kubectl, "apply", "-f", str(manifest)], check=True, capture_output=True, timeout=60)
+    stack.run("deployment", "run", "run-migrations/run-migrations")
+    waited = subprocess.run(
+        [*kubectl, "wait", "--for=condition=Succeeded", "storageversionmigration/e2e-secrets-key2", "--timeout=180s"],
+        capture_output=True, text=True, timeout=200,
+    )  # fmt: skip
+    assert waited.returncode == 0, waited.stderr
+    value, _ = kubesim.etcd.get(f"/registry/secrets/{namespace}/s".encode())
+    assert value is not None and value.value.startswith(b"k8s:enc:aescbc:v1:key2:")
+    api.close()

@@ -52,7 +52,9 @@ def request(api: k8s.ApiClient, name: str, resource: str, group: str = "", versi
 
 def stored_versions(kubesim: Any, prefix: str) -> set[str]:
     raw = prefix.encode()
-    return {decode(kv.value, read_keys=["key1", "key2"]).api_version for kv in kubesim.etcd.range(raw, prefix_end(raw)).kvs}
+    return {
+        decode(kv.value, read_keys=["key1", "key2"]).api_version for kv in kubesim.etcd.range(raw, prefix_end(raw)).kvs
+    }
 
 
 def test_pending_requests_run_oldest_first_and_one_at_a_time_per_resource(

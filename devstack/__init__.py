@@ -35,12 +35,20 @@ def _prefect() -> list[str]:
 class PrefectStack:
     """`prefect server start` + work pool + `prefect deploy --all` + `prefect worker start`."""
 
-    def __init__(self, home: Path, *, port: int | None = None, worker_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        port: int | None = None,
+        worker_env: dict[str, str] | None = None,
+        server_env: dict[str, str] | None = None,
+    ) -> None:
         self.home = home
         self.port = port or free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self.ui_url = f"http://127.0.0.1:{self.port}"
         self.worker_env = worker_env or {}
+        self.server_env = server_env or {}
         self._server: subprocess.Popen[bytes] | None = None
         self._worker: subprocess.Popen[bytes] | None = None
 
@@ -68,7 +76,7 @@ class PrefectStack:
 
     def start_server(self, *, timeout: float = 120) -> None:
         log = self._log("server")
-        server_env = {**self.env}
+        server_env = {**self.env, **self.server_env}
         server_env.pop("PREFECT_API_URL")
         self._server = subprocess.Popen(
             [*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -89,9 +97,10 @@ class PrefectStack:
                 raise RuntimeError(f"prefect server not healthy after {timeout}s; see {self.home / 'server.log'}")
             time.sleep(0.5)
 
-    def deploy(self) -> None:
+    def deploy(self, prefect_file: Path | None = None) -> None:
         self.run("work-pool", "create", POOL, "--type", "process", "--overwrite")
-        self.run("--no-prompt", "deploy", "--all")
+        extra = ["--prefect-file", str(prefect_file)] if prefect_file else []
+        self.run("--no-prompt", "deploy", "--all", *extra)
 
     def start_worker(self) -> None:
         log = self._log("worker")

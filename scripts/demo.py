@@ -1,16 +1,22 @@
 """The embedded default: a simulated cluster with sample data, a local Prefect
-server with the project's deployments and a worker, an upgrade, and the
-migrations run through the deployments, judged by what etcd holds.
+server with the project's deployments and a worker, an upgrade found by the
+detection flow, and the migrations run through the deployments, judged by what
+etcd holds.
 
 1. kubesim over a real etcd, with Secrets (encrypted with key1), ConfigMaps and
    objects of a CRD;
 2. a Prefect server (UI included), `prefect deploy --all`, a process worker;
-3. the "upgrade": ConfigMaps stored as v2, the CRD's storage version moved to
-   v2, Secrets written with a new key key2 — untouched objects stay as they were;
-4. `prefect deployment run initialize/initialize`: a StorageVersionMigration per
-   persisted resource, run by `run-migrations` as `migrate-resource` flow runs;
-5. a summary a person can check: objects rewritten per resource, and etcd now
-   holding only the new version and key.
+3. the first polls of `detect-storage-changes` (the 10-minute schedule's, run
+   now by hand): a StorageState per resource, persisted ["Unknown"], a migration
+   each, then refined to the current hash;
+4. the "upgrade": ConfigMaps stored as v2, the CRD's storage version moved to
+   v2 — untouched objects stay as they were;
+5. the next polls detect the new hashes, request migrations once the change has
+   settled, and refine the StorageStates;
+6. a key rotation (Secrets written with key2) is requested by hand, as a
+   key-rotation tool would (seed 003): the storage version did not change;
+7. a summary a person can check: objects rewritten per resource, the
+   StorageStates, and etcd holding only the new version and key.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
@@ -38,6 +45,7 @@ from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migrations import list_migrations
 from storage_migrator.models import is_condition_true
 from storage_migrator.settings import Settings
+from storage_migrator.states import list_states
 
 WIDGETS = "widgets.demo.example.com"
 SCHEMA = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
@@ -55,6 +63,8 @@ WIDGET_CRD: dict[str, Any] = {
         ],
     },
 }
+# seed 004 asks for about a minute; the demo waits a few seconds.
+SETTLE_SECONDS = 5
 PREFIXES = {
     "secrets": b"/registry/secrets/demo/",
     "configmaps": b"/registry/configmaps/demo/",
@@ -115,7 +125,6 @@ def upgrade(api: k8s.ApiClient, admin: Admin) -> None:
     crd = ext.read_custom_resource_definition(WIDGETS)
     crd.spec.versions[0].storage, crd.spec.versions[1].storage = False, True
     ext.replace_custom_resource_definition(WIDGETS, crd)
-    admin.set_encryption(["key2", "key1"])
 
 
 def wait_for_migrations(api: Any, *, timeout: float) -> list[Any]:
@@ -130,6 +139,19 @@ def wait_for_migrations(api: Any, *, timeout: float) -> list[Any]:
         if time.monotonic() > deadline:
             raise SystemExit(f"demo: {len(migrations) - len(done)} migrations still pending after {timeout:.0f} s")
         time.sleep(1)
+
+
+def poll(stack: PrefectStack) -> None:
+    """One run of the detection deployment, waited for (what the schedule does every 10 minutes)."""
+    stack.run("deployment", "run", "detect-storage-changes/detect-storage-changes", "--watch")
+
+
+def print_states(api: Any) -> None:
+    print(f"   {'STORAGESTATE':<46} {'CURRENT':<14} PERSISTED")
+    for state in sorted(list_states(api), key=lambda s: s.metadata.name or ""):
+        st = state.status
+        print(f"   {state.metadata.name or '':<46} {st.current_storage_version_hash or '':<14} "
+              f"{st.persisted_storage_version_hashes}")  # fmt: skip
 
 
 def main() -> int:
@@ -152,9 +174,11 @@ def main() -> int:
             "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig),
             "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": str(args.write_rate),
             "STORAGE_MIGRATOR_MAX_PARALLEL_MIGRATIONS": "4",
+            "STORAGE_MIGRATOR_SETTLE_SECONDS": str(SETTLE_SECONDS),
         },
     )
     stack.wipe()
+    started_at = datetime.now(UTC)
     with Cluster() as cluster:
         cluster.write_kubeconfig(kubeconfig)
         admin = Admin(cluster.server.url)
@@ -168,17 +192,34 @@ def main() -> int:
             stack.start_server()
             stack.deploy()
             stack.start_worker()
-            print("\n3. Upgrade: ConfigMaps stored as v2, the Widget CRD stores v2, Secrets get write key key2")
+            print("\n3. First polls of detect-storage-changes: StorageStates created, a migration per resource")
+            poll(stack)
+            migrations = wait_for_migrations(api, timeout=900)
+            poll(stack)  # refines persisted to [current] now that the migrations succeeded
+            print_states(api)
+            print("\n4. Upgrade: ConfigMaps stored as v2, the Widget CRD stores v2")
             upgrade(api, admin)
             report("   etcd right after the upgrade (nothing re-written yet):", etcd)
-            print("\n4. prefect deployment run initialize/initialize")
+            print("\n5. The next polls see the new hashes, request migrations once settled, refine")
             started = time.monotonic()
-            print("   " + stack.run("deployment", "run", "initialize/initialize").strip().splitlines()[0])
+            poll(stack)  # sees the change: current hash set, appended to persisted
+            print_states(api)
+            time.sleep(SETTLE_SECONDS + 1)
+            poll(stack)  # the change has settled: migrations requested and started
+            wait_for_migrations(api, timeout=900)
+            poll(stack)  # refined
+            print(f"   detected, migrated and refined in {time.monotonic() - started:.0f} s")
+            print_states(api)
+            print("\n6. Key rotation: Secrets get write key key2; a migration requested by hand (seed 003)")
+            admin.set_encryption(["key2", "key1"])
+            stack.run("deployment", "run", "migrate-resource/migrate-resource", "--param", "resource=secrets",
+                      "--watch")  # fmt: skip
             migrations = wait_for_migrations(api, timeout=900)
-            print(f"   {len(migrations)} migrations finished in {time.monotonic() - started:.0f} s")
-            print("\n5. Summary")
+            print("\n7. Summary: the last migration of each resource")
             print(f"   {'RESOURCE':<46} {'PHASE':<10} {'LISTED':>7} {'REWRITTEN':>9} {'UNCHANGED':>9}")
-            for m in sorted(migrations, key=lambda m: (m.spec.resource.group, m.spec.resource.resource)):
+            latest = {(m.spec.resource.group, m.spec.resource.resource): m
+                      for m in sorted(migrations, key=lambda m: m.metadata.creation_timestamp or started_at)}  # fmt: skip
+            for _, m in sorted(latest.items()):
                 r, p = m.spec.resource, m.status.progress
                 name = f"{r.resource}.{r.group}" if r.group else r.resource
                 print(f"   {name:<46} {m.status.phase or '':<10} {p.listed if p else 0:>7} "
@@ -188,10 +229,10 @@ def main() -> int:
                         WIDGETS: "apiVersion demo.example.com/v2"}  # fmt: skip
             ok = all(set(after[n]) == {form} for n, form in expected.items())
             print(f"\n   etcd holds only the new version and key: {'yes' if ok else 'NO'}")
-            print(f"\n   Look in the Prefect UI at {stack.ui_url}: Runs (initialize, run-migrations, one "
-                  "migrate-<resource>-<version>-<uid> run per resource), Artifacts (progress and outcome tables), "
-                  "Deployments.")  # fmt: skip
-            print(f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations")
+            print(f"\n   Look in the Prefect UI at {stack.ui_url}: Runs (detect-storage-changes, run-migrations, "
+                  "one migrate-<resource>-<version>-<uid> run per migration), Artifacts (progress and outcome "
+                  "tables), Deployments (detect-storage-changes is scheduled every 10 minutes).")  # fmt: skip
+            print(f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations,storagestates")
             if args.keep:
                 print("\nEverything keeps running; Ctrl-C stops it.")
                 stop = threading.Event()

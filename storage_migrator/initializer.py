@@ -20,8 +20,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.dispatch import is_finished, migration_resource
-from storage_migrator.kube.discovery import DiscoveredResource, pick_preferred
+from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.models import StorageVersionMigration, storage_state_name
+from storage_migrator.tracking import SkippedResource, track_storage
 
 __all__ = [
     "ApiServiceInfo",
@@ -116,15 +117,6 @@ class InitialRequest(BaseModel):
         return storage_state_name(self.group, self.resource)
 
 
-class SkippedResource(BaseModel):
-    """A group-resource the initializer leaves out, and why."""
-
-    model_config = ConfigDict(frozen=True)
-
-    group_resource: str = Field(description="``<resource>.<group>`` or ``<resource>`` for core.")
-    reason: str = Field(description="Why no migration is requested for it, for a person to read.")
-
-
 class InitPlan(BaseModel):
     """The initializer's decision: what to create and what was left out."""
 
@@ -136,23 +128,6 @@ class InitPlan(BaseModel):
     skipped: list[SkippedResource] = Field(
         default_factory=list, description="One entry per group-resource left out, sorted by group then resource."
     )
-
-
-def _unfit_reason(entry: DiscoveredResource) -> str | None:
-    """Why this resource cannot be migrated at all, or None (DESIGN 4.7)."""
-    # Sub-resources are stored with their parent (DESIGN 4.3, 4.7).
-    if entry.is_subresource:
-        return "sub-resource: stored with its parent resource"
-    # Virtual resources (tokenreviews, bindings) have no storage (DESIGN 4.3).
-    if not entry.storage_version_hash:
-        return "not persisted: no storageVersionHash"
-    # Seed 002: the migrator must "get, list, and update all resources"; a merge
-    # patch does the no-op write where the API serves it (DESIGN 4.5).
-    if "list" not in entry.verbs:
-        return f"cannot be listed: no list verb (serves {', '.join(entry.verbs) or 'nothing'})"
-    if "update" not in entry.verbs and "patch" not in entry.verbs:
-        return f"cannot be rewritten: neither update nor patch (serves {', '.join(entry.verbs)})"
-    return None
 
 
 def _origin(entry: DiscoveredResource, *, crds: set[tuple[str, str]], aggregated: set[tuple[str, str]]) -> Origin:
@@ -186,34 +161,11 @@ def plan_initialization(
     crd_keys = {(crd.group, crd.plural) for crd in crds}
     aggregated = {(svc.group, svc.version) for svc in apiservices if svc.has_service}
 
-    # One entry per group-resource: the preferred version's (all versions of a
-    # group-resource share one storage version, hence one hash).
-    chosen = sorted(pick_preferred(discovered), key=lambda r: (r.group, r.resource))
-    skipped: dict[tuple[str, str], str] = {}
-    fit: list[DiscoveredResource] = []
-    for entry in chosen:
-        reason = _unfit_reason(entry)
-        if reason is None:
-            fit.append(entry)
-        else:
-            skipped[(entry.group, entry.resource)] = reason
-
-    # Shared storage (DESIGN 4.3, 4.7; seed 002 "removes resources that share the
-    # same storage"): same hash and same plural in different groups is one
-    # storage; keep the group that sorts first ('' first: core `events` is kept,
-    # `events.events.k8s.io` is not). `fit` is sorted by group, so the first seen wins.
-    keeper: dict[tuple[str, str], DiscoveredResource] = {}
-    sharers: dict[str, list[str]] = {}
-    kept: list[DiscoveredResource] = []
-    for entry in fit:
-        key = (entry.storage_version_hash, entry.resource)
-        first = keeper.setdefault(key, entry)
-        names = sharers.setdefault(first.group_resource, [first.group_resource])
-        if first is entry:
-            kept.append(entry)
-        else:
-            names.append(entry.group_resource)
-            skipped[(entry.group, entry.resource)] = f"shares storage with {first.group_resource}"
+    # One entry per storage, in its preferred version (storage_migrator.tracking).
+    tracking = track_storage(discovered)
+    skipped = dict(tracking.skipped)
+    sharers = tracking.sharers
+    kept = tracking.kept
 
     # Pending requests of any name of a storage count: seed 003 runs requests
     # for one resource serially, a second one would only re-do the work.
@@ -249,9 +201,8 @@ def plan_initialization(
 
     # A CRD that discovery does not serve (not yet established) cannot be
     # migrated now: say so rather than drop it silently.
-    served = {(r.group, r.resource) for r in chosen}
     for crd in crds:
-        if (crd.group, crd.plural) not in served:
+        if (crd.group, crd.plural) not in tracking.served:
             skipped.setdefault((crd.group, crd.plural), "defined by a CRD but not served by discovery")
 
     return InitPlan(

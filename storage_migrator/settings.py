@@ -132,6 +132,19 @@ class Settings(BaseSettings):
             "already about one period old, so one period would reset healthy states."
         ),
     )
+    retry_base_seconds: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "Delay before detection re-requests a failed migration, in seconds, doubled "
+            "after each further failure (DESIGN 4.3: not every poll). Default 600: one poll period."
+        ),
+    )
+    retry_max_seconds: float = Field(
+        default=86400.0,
+        gt=0,
+        description="Upper bound of that delay, in seconds. Default 86400: a day.",
+    )
     database_url: str = Field(
         default="sqlite:///storage-migrator.db",
         description=(

@@ -1,0 +1,184 @@
+"""Seed 000's "Life-cycle of a StorageState object", replayed against kubesim with the
+`detect-storage-changes` flow, checking every StorageState field the seed names at
+every step. Time is driven by the test: instead of waiting for minutes, it moves
+the recorded times (heartbeat, settle deadline) into the past.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from storage_migrator.detection import SETTLE_ANNOTATION, storage_version_hash
+from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.kube.discovery import discover
+from storage_migrator.kube.writing import patch_object
+from storage_migrator.migrations import list_migrations
+from storage_migrator.models import UNKNOWN, StorageState, is_condition_true
+from storage_migrator.settings import Settings
+from storage_migrator.states import STATES, list_states
+
+pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")
+GROUP, VERSION = "migration.k8s.io", "v1alpha1"
+POLL = 600.0  # the seed's 10 minutes; stale after two periods (DESIGN 4.3)
+FAST = {"write_rate_per_second": 2000.0}
+# seed 000 uses CronJob; hashes as kube-apiserver computes them (sha256 of group/version/kind).
+CRONJOBS_V1 = "sd5LIXh4Fjs="
+
+
+@pytest.fixture
+def clean_slate(kubesim: Any) -> Iterator[Any]:
+    """No StorageStates or pending migrations before and after (the controller's first install)."""
+    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    custom = k8s.CustomObjectsApi(api)
+
+    def wipe() -> None:
+        for plural in ("storagestates", "storageversionmigrations"):
+            for item in custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
+                custom.delete_cluster_custom_object(GROUP, VERSION, plural, item["metadata"]["name"])
+
+    wipe()
+    yield api
+    wipe()
+    api.close()
+
+
+def poll(kubesim: Any, *, settle: float = 0.0) -> Any:
+    from flows.detect_storage_changes import detect_storage_changes
+
+    return detect_storage_changes(settle_seconds=settle, poll_seconds=POLL, start_migrations=False,
+                                  kubeconfig=kubesim.kubeconfig)  # fmt: skip
+
+
+def run_requested(kubesim: Any) -> None:
+    from flows.run_migrations import run_migrations
+
+    summary = run_migrations(max_parallel=4, kubeconfig=kubesim.kubeconfig, **FAST)
+    assert all(outcome == "Completed" for outcome in summary.outcomes.values()), summary.outcomes
+
+
+def cronjobs_state(kubesim: Any) -> StorageState:
+    api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    return next(s for s in list_states(api) if s.metadata.name == "cronjobs.batch")
+
+
+def move_into_past(kubesim: Any, state: StorageState, *, heartbeat_by: float = 0, settle: bool = False) -> None:
+    api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    if settle:
+        patch_object(api, STATES, name="cronjobs.batch",
+                     patch={"metadata": {"annotations": {SETTLE_ANNOTATION: "2000-01-01T00:00:00Z"}}})  # fmt: skip
+    if heartbeat_by:
+        assert state.status.last_heartbeat_time is not None
+        old = (state.status.last_heartbeat_time - timedelta(seconds=heartbeat_by)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        patch_object(api, STATES, name="cronjobs.batch", subresource="status",
+                     patch={"status": {"lastHeartbeatTime": old}})  # fmt: skip
+
+
+def cronjob_migrations(kubesim: Any) -> list[Any]:
+    api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    return [
+        m for m in list_migrations(api) if (m.spec.resource.group, m.spec.resource.resource) == ("batch", "cronjobs")
+    ]
+
+
+def pending(migrations: list[Any]) -> list[Any]:
+    return [m for m in migrations
+            if not any(is_condition_true(m.status.conditions, c) for c in ("Succeeded", "Failed"))]  # fmt: skip
+
+
+def test_life_cycle_of_a_storage_state(kubesim: Any, clean_slate: Any) -> None:
+    api = clean_slate
+    k8s.BatchV1Api(api).create_namespaced_cron_job("default", {
+        "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
+        "spec": {"schedule": "0 3 * * *", "jobTemplate": {"spec": {"template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}},
+    })  # fmt: skip
+    started = datetime.now(UTC) - timedelta(seconds=1)
+
+    # "When the migration triggering controller is installed ... for the first time, there is no
+    # StorageState object. The controller creates the StorageState object for CronJob, setting
+    # .status.persistedStorageVersionHashes to ["Unknown"] and .status.currentStorageVersionHash to
+    # batch/v2alpha1. It also creates a storageVersionMigration object to request a migration."
+    poll(kubesim)
+    state = cronjobs_state(kubesim)
+    assert state.spec.resource.group == "batch" and state.spec.resource.resource == "cronjobs"
+    assert state.status.persisted_storage_version_hashes == [UNKNOWN]
+    assert state.status.current_storage_version_hash == CRONJOBS_V1
+    assert state.status.last_heartbeat_time and state.status.last_heartbeat_time >= started
+    assert len(pending(cronjob_migrations(kubesim))) == 1
+
+    # "When the migration completed, the migration triggering controller sets
+    # .status.persistedStorageVersionHashes to [batch/v2alpha1]."
+    run_requested(kubesim)
+    poll(kubesim)
+    state = cronjobs_state(kubesim)
+    assert state.status.persisted_storage_version_hashes == [CRONJOBS_V1]
+    assert state.status.current_storage_version_hash == CRONJOBS_V1
+
+    # "The migration triggering controller crashes and has been offline for less than 10 minutes.
+    # ... it considers the storageState still valid. The controller does nothing other than
+    # updating the lastHeartbeatTime."
+    move_into_past(kubesim, state, heartbeat_by=POLL - 60)
+    before = cronjobs_state(kubesim)
+    summary = poll(kubesim)
+    state = cronjobs_state(kubesim)
+    assert state.status.persisted_storage_version_hashes == [CRONJOBS_V1]
+    assert state.status.current_storage_version_hash == CRONJOBS_V1
+    assert state.status.last_heartbeat_time and before.status.last_heartbeat_time
+    assert state.status.last_heartbeat_time > before.status.last_heartbeat_time
+    assert summary.applied.created_migrations == []
+
+    # "The cluster admin upgrades the cluster ... the storage version of the cronjob is changed to
+    # batch/v2beta1. The migration triggering controller observes the change. It sets
+    # currentStorageVersionHash to batch/v2beta1 and persistedStorageVersionHashes to
+    # [v2alpha1, v2beta1]. It also creates a migration request for cronjobs" — once the change has
+    # settled (seed 004's loose guarantee: a minute here).
+    kubesim.admin.set_storage_version("cronjobs", "v2beta1", group="batch")
+    v2beta1 = storage_version_hash("batch", "v2beta1", "CronJob")
+    ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    served = {(r.group, r.resource): r.storage_version_hash for r in discover(ours).resources}
+    assert served[("batch", "cronjobs")] == v2beta1 != CRONJOBS_V1
+    summary = poll(kubesim, settle=60)
+    state = cronjobs_state(kubesim)
+    assert state.status.current_storage_version_hash == v2beta1
+    assert state.status.persisted_storage_version_hashes == [CRONJOBS_V1, v2beta1]
+    assert not pending(cronjob_migrations(kubesim)), "requested before the change settled"
+    move_into_past(kubesim, state, settle=True)
+    poll(kubesim, settle=60)
+    assert len(pending(cronjob_migrations(kubesim))) == 1
+    run_requested(kubesim)
+    poll(kubesim)
+    state = cronjobs_state(kubesim)
+    assert state.status.persisted_storage_version_hashes == [v2beta1]
+
+    # "The cluster admin finds a critical issue in 1.15 and downgrades the cluster back to 1.14. The
+    # migration triggering controller sets the storageState.status.currentStorageVersionHash to
+    # batch/v2alpha1 and recreates the storageVersionMigration object to migrate to v2alpha1."
+    kubesim.admin.set_storage_version("cronjobs", "v1", group="batch")
+    poll(kubesim)
+    state = cronjobs_state(kubesim)
+    assert state.status.current_storage_version_hash == CRONJOBS_V1
+    assert state.status.persisted_storage_version_hashes == [v2beta1, CRONJOBS_V1]
+    assert len(pending(cronjob_migrations(kubesim))) == 1
+    run_requested(kubesim)
+    poll(kubesim)
+    assert cronjobs_state(kubesim).status.persisted_storage_version_hashes == [CRONJOBS_V1]
+
+    # "If the controller crash loops and misses storage version changes, ... when the controller
+    # bootstraps, for every storageState object, it checks the .status.lastHeartbeatTime, if the
+    # timestamp is more than 10 minutes old, it recreates storageState object with
+    # persistedStorageVersionHashes set to ["Unknown"]" (stale = two poll periods, DESIGN 4.3).
+    move_into_past(kubesim, cronjobs_state(kubesim), heartbeat_by=2 * POLL + 60)
+    poll(kubesim)
+    state = cronjobs_state(kubesim)
+    assert state.status.persisted_storage_version_hashes == [UNKNOWN]
+    assert state.status.current_storage_version_hash == CRONJOBS_V1
+    assert len(pending(cronjob_migrations(kubesim))) == 1
+    run_requested(kubesim)
+    poll(kubesim)
+    assert cronjobs_state(kubesim).status.persisted_storage_version_hashes == [CRONJOBS_V1]

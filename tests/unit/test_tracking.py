@@ -1,0 +1,71 @@
+"""Which discovered resources detection and initialization track (DESIGN 4.3, 4.7)."""
+
+from __future__ import annotations
+
+import pytest
+
+from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.tracking import tracked_resources
+
+RW = ("get", "list", "patch", "update")
+
+
+def res(
+    resource: str,
+    hash_: str = "h1",
+    *,
+    group: str = "apps",
+    version: str = "v1",
+    verbs: tuple[str, ...] = RW,
+    preferred: bool = True,
+) -> DiscoveredResource:
+    return DiscoveredResource(
+        group=group,
+        version=version,
+        resource=resource,
+        kind="Kind",
+        namespaced=True,
+        verbs=verbs,
+        storage_version_hash=hash_,
+        is_subresource="/" in resource,
+        preferred=preferred,
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        (res("deployments"), None),
+        (res("deployments", verbs=("get", "list", "patch")), None),
+        (res("deployments", verbs=("get", "list", "update")), None),
+        (res("deployments/status", ""), "sub-resource: stored with its parent resource"),
+        (res("tokenreviews", "", verbs=("create",)), "not persisted: no storageVersionHash"),
+        (res("fischers", verbs=("get", "watch")), "cannot be listed: no list verb (serves get, watch)"),
+        (res("readonlies", verbs=("get", "list")), "cannot be rewritten: neither update nor patch (serves get, list)"),
+    ],
+)
+def test_unfit_resources_are_skipped_with_a_reason(entry: DiscoveredResource, reason: str | None) -> None:
+    kept, skipped = tracked_resources([entry])
+    if reason is None:
+        assert kept == [entry]
+        assert skipped == []
+    else:
+        assert kept == []
+        assert [(s.group_resource, s.reason) for s in skipped] == [(entry.group_resource, reason)]
+
+
+def test_one_entry_per_resource_in_its_preferred_version() -> None:
+    old = res("deployments", version="v1beta1", preferred=False)
+    new = res("deployments", version="v1")
+    kept, _ = tracked_resources([old, new])
+    assert kept == [new]
+
+
+def test_shared_storage_is_tracked_once_under_the_first_group() -> None:
+    # core events and events.events.k8s.io: same hash, same plural (seed 002, DESIGN 4.3).
+    core = res("events", "r2yiGXH7wu8=", group="")
+    other = res("events", "r2yiGXH7wu8=", group="events.k8s.io")
+    lookalike = res("events", "different", group="example.com")
+    kept, skipped = tracked_resources([other, lookalike, core])
+    assert kept == [core, lookalike]
+    assert [(s.group_resource, s.reason) for s in skipped] == [("events.events.k8s.io", "shares storage with events")]

@@ -6,6 +6,7 @@ the recorded times (heartbeat, settle deadline) into the past.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -58,7 +59,7 @@ def poll(kubesim: Any, *, settle: float = 0.0) -> Any:
 def run_requested(kubesim: Any) -> None:
     from flows.run_migrations import run_migrations
 
-    summary = run_migrations(max_parallel=4, kubeconfig=kubesim.kubeconfig, **FAST)
+    summary = run_migrations(max_parallel=2, kubeconfig=kubesim.kubeconfig, **FAST)
     assert all(outcome == "Completed" for outcome in summary.outcomes.values()), summary.outcomes
 
 
@@ -182,3 +183,65 @@ def test_life_cycle_of_a_storage_state(kubesim: Any, clean_slate: Any) -> None:
     run_requested(kubesim)
     poll(kubesim)
     assert cronjobs_state(kubesim).status.persisted_storage_version_hashes == [CRONJOBS_V1]
+
+
+WIDGETS_SCHEMA = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+
+
+def test_custom_resource_refinement_trims_the_crd_stored_versions(kubesim: Any, clean_slate: Any) -> None:
+    """DESIGN 4.3: "For custom resources, refinement also trims the CRD's
+    status.storedVersions to the storage version, so the old version can be removed
+    from the CRD" (reference: storedVersions stays ["v1","v2"] until someone trims it)."""
+    api = clean_slate
+    ext = k8s.ApiextensionsV1Api(api)
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "gadgets.trim.example.com"},
+        "spec": {"group": "trim.example.com", "scope": "Namespaced",
+                 "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": WIDGETS_SCHEMA},
+                              {"name": "v2", "served": True, "storage": False, "schema": WIDGETS_SCHEMA}]},
+    }  # fmt: skip
+    ext.create_custom_resource_definition(crd)
+    try:
+        custom = k8s.CustomObjectsApi(api)
+        deadline = datetime.now(UTC) + timedelta(seconds=30)
+        while True:
+            try:
+                custom.create_namespaced_custom_object("trim.example.com", "v1", "default", "gadgets", {
+                    "apiVersion": "trim.example.com/v1", "kind": "Gadget", "metadata": {"name": "g1"}})  # fmt: skip
+                break
+            except k8s.ApiException:
+                assert datetime.now(UTC) < deadline, "the CRD was never served"
+        poll(kubesim)
+        run_requested(kubesim)
+        poll(kubesim)
+        current = ext.read_custom_resource_definition("gadgets.trim.example.com")
+        current.spec.versions[0].storage, current.spec.versions[1].storage = False, True
+        ext.replace_custom_resource_definition("gadgets.trim.example.com", current)
+        assert ext.read_custom_resource_definition("gadgets.trim.example.com").status.stored_versions == ["v1", "v2"]
+        v2 = storage_version_hash("trim.example.com", "v2", "Gadget")
+        deadline = datetime.now(UTC) + timedelta(seconds=10)
+        while True:  # kubesim serves the new storage version within 0.25 s
+            served = {(r.group, r.resource): r.storage_version_hash
+                      for r in discover(api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))).resources}  # fmt: skip
+            if served.get(("trim.example.com", "gadgets")) == v2 or datetime.now(UTC) > deadline:
+                break
+        poll(kubesim)  # sees v2: persisted [v1-hash, v2-hash], migration requested (settle 0)
+        ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+        state = next(s for s in list_states(ours) if s.metadata.name == "gadgets.trim.example.com")
+        assert state.status.current_storage_version_hash == v2
+        assert len(state.status.persisted_storage_version_hashes) == 2
+        assert ext.read_custom_resource_definition("gadgets.trim.example.com").status.stored_versions == ["v1", "v2"]
+        run_requested(kubesim)
+        poll(kubesim)  # refines, and trims the CRD
+        state = next(s for s in list_states(ours) if s.metadata.name == "gadgets.trim.example.com")
+        assert state.status.persisted_storage_version_hashes == [v2]
+        assert ext.read_custom_resource_definition("gadgets.trim.example.com").status.stored_versions == ["v2"]
+        value, _ = kubesim.etcd.get(b"/registry/trim.example.com/gadgets/default/g1")
+        assert value is not None and b'"apiVersion":"trim.example.com/v2"' in value.value
+        printed = subprocess.run(["kubectl", "--kubeconfig", kubesim.kubeconfig, "get", "storagestates",
+                                  "gadgets.trim.example.com"], capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert printed.returncode == 0 and v2 in printed.stdout
+    finally:
+        ext.delete_custom_resource_definition("gadgets.trim.example.com")

@@ -36,14 +36,13 @@ Times in annotations are RFC 3339 with second precision (``metav1.Time``'s).
 
 from __future__ import annotations
 
-import base64
-import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Final, Literal, TypeVar
+from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.crds import CrdObservation, storage_version_hash
 from storage_migrator.dispatch import is_finished, migration_resource
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.models import (
@@ -88,16 +87,6 @@ SINCE_ANNOTATION: Final = "migration.k8s.io/current-hash-since"
 SETTLE_ANNOTATION: Final = "migration.k8s.io/settle-until"
 
 
-def storage_version_hash(group: str, version: str, kind: str) -> str:
-    """The ``storageVersionHash`` discovery shows for objects stored as group/version/kind.
-
-    As kube-apiserver computes it: base64 of the first 8 bytes of the SHA-256
-    of ``"<group>/<version>/<kind>"`` (``""`` for the core group).
-    """
-    digest = hashlib.sha256(f"{group}/{version}/{kind}".encode()).digest()
-    return base64.b64encode(digest[:8]).decode("ascii")
-
-
 def format_time(value: datetime) -> str:
     """RFC 3339, UTC, second precision, ``Z`` (the form of ``metav1.Time``)."""
     if value.tzinfo is None:
@@ -123,67 +112,6 @@ def _utc(value: datetime) -> datetime:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).replace(microsecond=0)
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-class CrdObservation(BaseModel):
-    """A CustomResourceDefinition, reduced to what refinement needs (seed 000, DESIGN 4.3)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str = Field(description="metadata.name, e.g. 'widgets.example.com'.")
-    group: str = Field(description="spec.group.")
-    plural: str = Field(description="spec.names.plural: the resource name.")
-    kind: str = Field(description="spec.names.kind: part of the storage version hash.")
-    storage_version: str = Field(description="The version marked storage: true.")
-    stored_versions: list[str] = Field(
-        default_factory=list,
-        description="status.storedVersions: versions objects may still be stored in.",
-    )
-    resource_version: str = Field(description="metadata.resourceVersion: guards the trim against a concurrent edit.")
-
-    @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> CrdObservation | None:
-        """Read a raw ``apiextensions.k8s.io/v1`` CRD; None when it lacks what a trim needs."""
-        metadata = _mapping(obj.get("metadata"))
-        spec = _mapping(obj.get("spec"))
-        names = _mapping(spec.get("names"))
-        status = _mapping(obj.get("status"))
-        storage = ""
-        for version in spec.get("versions") or []:
-            entry = _mapping(version)
-            if entry.get("storage") is True:
-                storage = str(entry.get("name") or "")
-                break
-        else:
-            storage = str(spec.get("version") or "")
-        fields: dict[str, str] = {}
-        for key, value in (
-            ("name", metadata.get("name")),
-            ("group", spec.get("group")),
-            ("plural", names.get("plural")),
-            ("kind", names.get("kind")),
-            ("resource_version", metadata.get("resourceVersion")),
-        ):
-            if not isinstance(value, str) or not value:
-                return None
-            fields[key] = value
-        if not storage:
-            return None
-        stored = status.get("storedVersions") or []
-        return cls(
-            storage_version=storage,
-            stored_versions=[str(v) for v in stored] if isinstance(stored, list) else [],
-            **fields,
-        )
-
-    @property
-    def storage_version_hash(self) -> str:
-        """The hash discovery shows while ``storage_version`` is the storage version."""
-        return storage_version_hash(self.group, self.storage_version, self.kind)
 
 
 class DetectionSettings(BaseModel):

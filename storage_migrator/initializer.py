@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.crds import CrdObservation
 from storage_migrator.dispatch import is_finished, migration_resource
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.models import StorageVersionMigration, storage_state_name
@@ -26,7 +27,6 @@ from storage_migrator.tracking import SkippedResource, track_storage
 
 __all__ = [
     "ApiServiceInfo",
-    "CrdInfo",
     "InitPlan",
     "InitialRequest",
     "Origin",
@@ -39,38 +39,6 @@ Origin = Literal["built-in", "custom", "aggregated"]
 
 def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
-
-
-class CrdInfo(BaseModel):
-    """A CustomResourceDefinition, reduced to what tells a custom resource apart."""
-
-    model_config = ConfigDict(frozen=True)
-
-    group: str = Field(description="spec.group, e.g. 'example.com'.")
-    plural: str = Field(description="spec.names.plural: the resource name, e.g. 'widgets'.")
-    storage_version: str = Field(
-        default="",
-        description="The version with storage: true (objects are encoded in it); empty if none is marked.",
-    )
-
-    @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> CrdInfo:
-        """Read a raw ``apiextensions.k8s.io/v1`` CRD (v1beta1's ``spec.version`` too) as the API returns it."""
-        spec = _mapping(obj.get("spec"))
-        group = spec.get("group")
-        plural = _mapping(spec.get("names")).get("plural")
-        if not isinstance(group, str) or not group or not isinstance(plural, str) or not plural:
-            name = _mapping(obj.get("metadata")).get("name", "<unnamed>")
-            raise ValueError(f"CRD {name!r} has no spec.group or spec.names.plural")
-        storage = ""
-        for version in spec.get("versions") or []:
-            entry = _mapping(version)
-            if entry.get("storage") is True:
-                storage = str(entry.get("name") or "")
-                break
-        else:
-            storage = str(spec.get("version") or "")
-        return cls(group=group, plural=plural, storage_version=storage)
 
 
 class ApiServiceInfo(BaseModel):
@@ -143,7 +111,7 @@ def _origin(entry: DiscoveredResource, *, crds: set[tuple[str, str]], aggregated
 def plan_initialization(
     discovered: Sequence[DiscoveredResource],
     *,
-    crds: Sequence[CrdInfo],
+    crds: Sequence[CrdObservation],
     apiservices: Sequence[ApiServiceInfo],
     existing: Sequence[StorageVersionMigration],
     include: Sequence[str] = (),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from prefect import task
 
-from storage_migrator.initializer import ApiServiceInfo, CrdInfo, InitialRequest, InitPlan, plan_initialization
+from storage_migrator.crds import CrdObservation
+from storage_migrator.initializer import ApiServiceInfo, InitialRequest, InitPlan, plan_initialization
 from storage_migrator.kube.discovery import discover_resources
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
@@ -34,7 +35,7 @@ def plan_initial_requests(settings: Settings, *, include: list[str], exclude: li
     """Discovery (all of it: no plan on a partial picture), CRDs, APIServices and requests, then the plan."""
     with connected(settings) as api:
         discovered = discover_resources(api, timeout=settings.request_timeout_seconds)
-        crds = [CrdInfo.from_object(o) for o in iterate_items(api, CRDS, limit=500)]
+        crds = [c for c in (CrdObservation.from_object(o) for o in iterate_items(api, CRDS, limit=500)) if c]
         apiservices = [ApiServiceInfo.from_object(o) for o in iterate_items(api, APISERVICES, limit=500)]
         existing = list_migrations(api)
     return plan_initialization(discovered, crds=crds, apiservices=apiservices, existing=existing,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,3 +136,46 @@ def prefect_api() -> Iterator[str]:
         url = PREFECT_API_URL.value()
         assert url, "the Prefect test harness set no API URL"
         yield str(url)
+
+
+@pytest.fixture
+def clean_slate(kubesim: Kubesim, migration_crds: None) -> Iterator[Any]:
+    """No StorageStates and no migrations before and after the test (a first install).
+
+    Yields an API client of the official library.
+    """
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    custom = k8s.CustomObjectsApi(api)
+
+    def wipe() -> None:
+        for plural in ("storagestates", "storageversionmigrations"):
+            for item in custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", plural)["items"]:
+                custom.delete_cluster_custom_object("migration.k8s.io", "v1alpha1", plural, item["metadata"]["name"])
+
+    wipe()
+    try:
+        yield api
+    finally:
+        wipe()
+        api.close()
+
+
+def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 180) -> Any:
+    """Poll `predicate` once a second until it returns something true; fail the test after `timeout`."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(1)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@pytest.fixture(name="wait_for")
+def wait_for_fixture() -> Callable[..., Any]:
+    return wait_until

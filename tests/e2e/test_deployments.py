@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,18 +53,8 @@ def flow_runs(stack: PrefectStack) -> list[Any]:
         return list(client.read_flow_runs(limit=200))
 
 
-def wait_for(predicate: Any, *, timeout: float = 180, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
 def test_migrate_resource_deployment_runs_and_is_in_the_history(
-    stack: PrefectStack, kubesim: Any, namespace: str
+    stack: PrefectStack, kubesim: Any, namespace: str, wait_for: Any
 ) -> None:
     """DESIGN 2: `prefect deployment run 'migrate-resource/migrate-resource' -p resource=...`
     creates the request and runs it; operators audit flow-run history."""
@@ -103,7 +92,7 @@ def test_migrate_resource_deployment_runs_and_is_in_the_history(
     api.close()
 
 
-def test_unknown_resource_fails_the_run_with_a_clear_message(stack: PrefectStack, kubesim: Any) -> None:
+def test_unknown_resource_fails_the_run_with_a_clear_message(stack: PrefectStack, kubesim: Any, wait_for: Any) -> None:
     ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
     before = {m.metadata.name for m in list_migrations(ours)}
     stack.run("deployment", "run", "migrate-resource/migrate-resource", "--param", "resource=nosuchthings")

@@ -5,14 +5,11 @@ as the server's flow-run history shows."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from devstack import REPO, PrefectStack
 from storage_migrator.kube.connection import api_client_from_settings
@@ -24,16 +21,7 @@ GROUP, VERSION = "migration.k8s.io", "v1alpha1"
 
 
 @pytest.fixture
-def scheduled(kubesim: Any, tmp_path: Path) -> Iterator[PrefectStack]:
-    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
-    custom = k8s.CustomObjectsApi(api)
-
-    def wipe() -> None:
-        for plural in ("storagestates", "storageversionmigrations"):
-            for item in custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
-                custom.delete_cluster_custom_object(GROUP, VERSION, plural, item["metadata"]["name"])
-
-    wipe()
+def scheduled(kubesim: Any, clean_slate: Any, tmp_path: Path) -> Iterator[PrefectStack]:
     text = (REPO / "prefect.yaml").read_text()
     assert "interval: 600" in text
     prefect_file = tmp_path / "prefect.yaml"
@@ -56,8 +44,6 @@ def scheduled(kubesim: Any, tmp_path: Path) -> Iterator[PrefectStack]:
         yield stack
     finally:
         stack.stop()
-        wipe()
-        api.close()
 
 
 def configmaps_state(kubesim: Any) -> Any:
@@ -65,17 +51,9 @@ def configmaps_state(kubesim: Any) -> Any:
     return next((s for s in list_states(api) if s.metadata.name == "configmaps"), None)
 
 
-def wait_for(predicate: Any, *, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def test_a_scheduled_poll_detects_a_switch_and_refines_the_state(scheduled: PrefectStack, kubesim: Any) -> None:
+def test_a_scheduled_poll_detects_a_switch_and_refines_the_state(
+    scheduled: PrefectStack, kubesim: Any, wait_for: Any
+) -> None:
     from prefect.client.orchestration import SyncPrefectClient
 
     # First scheduled polls: the state appears and is refined after the first migration.

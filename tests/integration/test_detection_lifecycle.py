@@ -7,13 +7,11 @@ the recorded times (heartbeat, settle deadline) into the past.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 
 from storage_migrator.detection import SETTLE_ANNOTATION, storage_version_hash
 from storage_migrator.kube.connection import api_client_from_settings
@@ -30,23 +28,6 @@ POLL = 600.0  # the seed's 10 minutes; stale after two periods (DESIGN 4.3)
 FAST = {"write_rate_per_second": 2000.0}
 # seed 000 uses CronJob; hashes as kube-apiserver computes them (sha256 of group/version/kind).
 CRONJOBS_V1 = "sd5LIXh4Fjs="
-
-
-@pytest.fixture
-def clean_slate(kubesim: Any) -> Iterator[Any]:
-    """No StorageStates or pending migrations before and after (the controller's first install)."""
-    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
-    custom = k8s.CustomObjectsApi(api)
-
-    def wipe() -> None:
-        for plural in ("storagestates", "storageversionmigrations"):
-            for item in custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
-                custom.delete_cluster_custom_object(GROUP, VERSION, plural, item["metadata"]["name"])
-
-    wipe()
-    yield api
-    wipe()
-    api.close()
 
 
 def poll(kubesim: Any, *, settle: float = 0.0) -> Any:

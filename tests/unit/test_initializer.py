@@ -10,9 +10,9 @@ from typing import Any, cast
 
 import pytest
 
+from storage_migrator.crds import CrdObservation
 from storage_migrator.initializer import (
     ApiServiceInfo,
-    CrdInfo,
     InitialRequest,
     InitPlan,
     plan_initialization,
@@ -87,7 +87,7 @@ def realistic_discovery() -> list[DiscoveredResource]:
 CRD_OBJECT: dict[str, Any] = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.bars.example.com"},
+    "metadata": {"name": "widgets.bars.example.com", "resourceVersion": "7"},
     "spec": {
         "group": "bars.example.com",
         "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
@@ -127,7 +127,7 @@ def plan(
 ) -> InitPlan:
     return plan_initialization(
         realistic_discovery(),
-        crds=[CrdInfo.from_object(CRD_OBJECT)],
+        crds=[crd] if (crd := CrdObservation.from_object(CRD_OBJECT)) else [],
         apiservices=[ApiServiceInfo.from_object(obj) for obj in APISERVICES],
         existing=existing or [],
         include=include,
@@ -411,7 +411,8 @@ def test_include_only_requests_what_it_names() -> None:
 
 def test_crd_without_discovery_entry_is_reported() -> None:
     """A CRD that is not served yet (not established) has no hash to migrate to: said, not dropped silently."""
-    gadgets = CrdInfo(group="bars.example.com", plural="gadgets", storage_version="v1")
+    gadgets = CrdObservation(name="gadgets.bars.example.com", group="bars.example.com", plural="gadgets",
+                             kind="Gadget", storage_version="v1", resource_version="1")  # fmt: skip
     result = plan_initialization(realistic_discovery(), crds=[gadgets], apiservices=[], existing=[])
     assert outcome(result, "gadgets.bars.example.com") == "skip defined by a CRD but not served by discovery"
     # Without the CRD and APIService lists, widgets and flunders are counted as built-in.
@@ -420,20 +421,23 @@ def test_crd_without_discovery_entry_is_reported() -> None:
 
 
 def test_crd_from_object_reads_the_storage_version() -> None:
-    assert CrdInfo.from_object(CRD_OBJECT) == CrdInfo(group="bars.example.com", plural="widgets", storage_version="v2")
+    crd = CrdObservation.from_object(CRD_OBJECT)
+    assert crd is not None
+    assert (crd.group, crd.plural, crd.kind, crd.storage_version) == ("bars.example.com", "widgets", "Widget", "v2")
+    assert crd.stored_versions == ["v1", "v2"]
 
 
 def test_crd_from_object_v1beta1_single_version() -> None:
     legacy = {
-        "metadata": {"name": "foos.example.com"},
-        "spec": {"group": "example.com", "version": "v1alpha1", "names": {"plural": "foos"}},
+        "metadata": {"name": "foos.example.com", "resourceVersion": "3"},
+        "spec": {"group": "example.com", "version": "v1alpha1", "names": {"plural": "foos", "kind": "Foo"}},
     }
-    assert CrdInfo.from_object(legacy) == CrdInfo(group="example.com", plural="foos", storage_version="v1alpha1")
+    crd = CrdObservation.from_object(legacy)
+    assert crd is not None and crd.storage_version == "v1alpha1"
 
 
-def test_crd_from_object_rejects_a_crd_without_group() -> None:
-    with pytest.raises(ValueError, match=r"'broken' has no spec\.group"):
-        CrdInfo.from_object({"metadata": {"name": "broken"}, "spec": {"names": {"plural": "x"}}})
+def test_crd_from_object_without_group_is_not_read() -> None:
+    assert CrdObservation.from_object({"metadata": {"name": "broken"}, "spec": {"names": {"plural": "x"}}}) is None
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,60 @@
+"""deployments/rbac: what the workers may do is what the code does, and no more."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+RBAC = Path(__file__).resolve().parents[2] / "deployments" / "rbac" / "storage-migrator.yaml"
+
+
+def cluster_role() -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    return role
+
+
+def allowed(group: str, resource: str, verb: str) -> bool:
+    for rule in cluster_role()["rules"]:
+        if "nonResourceURLs" in rule:
+            continue
+        if (
+            (group in rule["apiGroups"] or "*" in rule["apiGroups"])
+            and (resource in rule["resources"] or "*" in rule["resources"])
+            and verb in rule["verbs"]
+        ):
+            return True
+    return False
+
+
+def test_migrated_objects_can_be_listed_and_rewritten_but_not_read_created_or_deleted() -> None:
+    """DESIGN 4.5: a metadata-only LIST and a no-op patch (or the PUT fallback) per object."""
+    for verb in ("list", "patch", "update"):
+        assert allowed("", "secrets", verb)
+        assert allowed("apps", "deployments", verb)
+    for verb in ("get", "create", "delete", "deletecollection", "watch", "*"):
+        assert not allowed("", "secrets", verb), verb
+
+
+def test_our_api_and_crd_refinement_are_covered() -> None:
+    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+        assert allowed("migration.k8s.io", "storageversionmigrations", verb)
+        assert allowed("migration.k8s.io", "storagestates", verb)
+    assert allowed("migration.k8s.io", "storageversionmigrations/status", "patch")
+    assert allowed("migration.k8s.io", "storagestates/status", "patch")
+    assert allowed("apiextensions.k8s.io", "customresourcedefinitions/status", "patch")
+    assert not allowed("apiextensions.k8s.io", "customresourcedefinitions", "delete")
+    assert allowed("apiregistration.k8s.io", "apiservices", "list")
+
+
+def test_discovery_is_readable_and_bound_to_the_service_account() -> None:
+    urls = [r for r in cluster_role()["rules"] if "nonResourceURLs" in r]
+    assert urls and {"/api", "/apis", "/apis/*"} <= set(urls[0]["nonResourceURLs"])
+    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    (binding,) = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == "storage-migrator"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "storage-migrator", "namespace": "storage-migrator"}
+    ]

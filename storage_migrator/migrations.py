@@ -127,15 +127,25 @@ class MigrationRecord:
             wire.setdefault("progress", {})["remainingItemCount"] = None
         self._patch({"status": wire}, status=True)
 
-    def refresh(self) -> StorageVersionMigration:
+    @staticmethod
+    def _read_same(api: ApiClient, name: str, uid: str) -> StorageVersionMigration:
+        """The request as it is now; `MigrationCancelled` if it was deleted or replaced."""
         try:
-            current = read_migration(self.api, self.name)
+            current = read_migration(api, name)
         except NotFound as exc:
-            raise MigrationCancelled(f"storageversionmigration {self.name} was deleted: run cancelled") from exc
-        if current.metadata.uid != self.uid:
-            raise MigrationCancelled(f"storageversionmigration {self.name} was replaced: run cancelled")
-        self.migration = current
+            raise MigrationCancelled(f"storageversionmigration {name} was deleted: run cancelled") from exc
+        if current.metadata.uid != uid:
+            raise MigrationCancelled(f"storageversionmigration {name} was replaced: run cancelled")
         return current
+
+    @classmethod
+    def open(cls, api: ApiClient, *, name: str, uid: str) -> MigrationRecord:
+        """The record of a run that knows its request by name and uid (each task of a flow run)."""
+        return cls(api, cls._read_same(api, name, uid))
+
+    def refresh(self) -> StorageVersionMigration:
+        self.migration = self._read_same(self.api, self.name, self.uid)
+        return self.migration
 
     def load(self) -> tuple[str | None, MigrationProgress]:
         current = self.refresh()

@@ -17,20 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["BatchedPacer", "LocalRateLimiter", "NoPacing", "Pacer", "UnlimitedBudget", "WriteBudget"]
+__all__ = ["BatchedPacer", "LocalRateLimiter", "NoPacing", "Pacer", "WriteBudget"]
 
 
 class WriteBudget(Protocol):
     """Permission for `n` more writes from the budget all workers share; blocks until granted."""
 
     def take(self, n: int) -> None: ...
-
-
-class UnlimitedBudget:
-    """No shared budget (tests, or the local limiter alone)."""
-
-    def take(self, n: int) -> None:
-        return None
 
 
 class LocalRateLimiter:

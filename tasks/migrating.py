@@ -79,13 +79,7 @@ def _now() -> datetime:
 
 
 def _record(api: Any, handle: MigrationHandle) -> MigrationRecord:
-    try:
-        migration = read_migration(api, handle.name)
-    except NotFound as exc:
-        raise MigrationCancelled(f"storageversionmigration {handle.name} was deleted: run cancelled") from exc
-    if migration.metadata.uid != handle.uid:
-        raise MigrationCancelled(f"storageversionmigration {handle.name} was replaced: run cancelled")
-    return MigrationRecord(api, migration)
+    return MigrationRecord.open(api, name=handle.name, uid=handle.uid)
 
 
 @task(name="resolve-migration", **PRIVATE)

@@ -179,3 +179,23 @@ def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 180)
 @pytest.fixture(name="wait_for")
 def wait_for_fixture() -> Callable[..., Any]:
     return wait_until
+
+
+def crd_manifest(group: str, *, plural: str = "widgets", kind: str = "Widget", status: bool = False) -> dict[str, Any]:
+    """A CRD serving v1 (the storage version) and v2, schemaless: flip `storage` to "upgrade" it."""
+    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
+    sub: dict[str, Any] = {"subresources": {"status": {}}} if status else {}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind, "listKind": f"{kind}List"},
+            "scope": "Namespaced",
+            "versions": [
+                {"name": "v1", "served": True, "storage": True, "schema": schema, **sub},
+                {"name": "v2", "served": True, "storage": False, "schema": schema, **sub},
+            ],
+        },
+    }

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import crd_manifest
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
 
@@ -244,29 +245,11 @@ class Widgets:
         return stored_objects(kubesim, self.prefix)
 
 
-def widget_crd_manifest(group: str) -> dict[str, Any]:
-    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"widgets.{group}"},
-        "spec": {
-            "group": group,
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-            "scope": "Namespaced",
-            "versions": [
-                {"name": "v1", "served": True, "storage": True, "schema": schema},
-                {"name": "v2", "served": True, "storage": False, "schema": schema},
-            ],
-        },
-    }
-
-
 @pytest.fixture
 def widgets(api: ApiClient, namespace: str) -> Iterator[Widgets]:
     """A CRD of the test's own (unique group), deleted with its objects afterwards."""
     w = Widgets(group=f"c{uuid.uuid4().hex[:8]}.example.com", namespace=namespace)
-    create_object(api, CRDS, widget_crd_manifest(w.group))
+    create_object(api, CRDS, crd_manifest(w.group))
     try:
         wait_until_served(api, w.ref)
         yield w

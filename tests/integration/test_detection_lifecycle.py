@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from conftest import crd_manifest
 from kubernetes import client as k8s
 
 from storage_migrator.detection import SETTLE_ANNOTATION, storage_version_hash
@@ -166,23 +167,13 @@ def test_life_cycle_of_a_storage_state(kubesim: Any, clean_slate: Any) -> None:
     assert cronjobs_state(kubesim).status.persisted_storage_version_hashes == [CRONJOBS_V1]
 
 
-WIDGETS_SCHEMA = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
-
-
 def test_custom_resource_refinement_trims_the_crd_stored_versions(kubesim: Any, clean_slate: Any) -> None:
     """DESIGN 4.3: "For custom resources, refinement also trims the CRD's
     status.storedVersions to the storage version, so the old version can be removed
     from the CRD" (reference: storedVersions stays ["v1","v2"] until someone trims it)."""
     api = clean_slate
     ext = k8s.ApiextensionsV1Api(api)
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "gadgets.trim.example.com"},
-        "spec": {"group": "trim.example.com", "scope": "Namespaced",
-                 "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget"},
-                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": WIDGETS_SCHEMA},
-                              {"name": "v2", "served": True, "storage": False, "schema": WIDGETS_SCHEMA}]},
-    }  # fmt: skip
+    crd = crd_manifest("trim.example.com", plural="gadgets", kind="Gadget")
     ext.create_custom_resource_definition(crd)
     try:
         custom = k8s.CustomObjectsApi(api)

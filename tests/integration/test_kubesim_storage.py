@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from conftest import crd_manifest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import watch
@@ -120,25 +121,6 @@ def api(kubesim: Any) -> Iterator[ApiClient]:
 
 
 # ----- a CRD of the test's own ------------------------------------------------
-
-
-def crd_manifest(group: str, *, status: bool = False) -> dict[str, Any]:
-    schema = {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}
-    sub: dict[str, Any] = {"subresources": {"status": {}}} if status else {}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"widgets.{group}"},
-        "spec": {
-            "group": group,
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-            "scope": "Namespaced",
-            "versions": [
-                {"name": "v1", "served": True, "storage": True, "schema": schema, **sub},
-                {"name": "v2", "served": True, "storage": False, "schema": schema, **sub},
-            ],
-        },
-    }
 
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

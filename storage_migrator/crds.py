@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CrdObservation", "storage_version_hash"]
+__all__ = ["CrdObservation", "as_mapping", "storage_version_hash"]
 
 
 def storage_version_hash(group: str, version: str, kind: str) -> str:
@@ -28,7 +28,8 @@ def storage_version_hash(group: str, version: str, kind: str) -> str:
     return base64.b64encode(digest[:8]).decode("ascii")
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
+def as_mapping(value: Any) -> Mapping[str, Any]:
+    """A field of a raw API object as a mapping ({} when absent or of another type)."""
     return value if isinstance(value, Mapping) else {}
 
 
@@ -51,13 +52,13 @@ class CrdObservation(BaseModel):
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> CrdObservation | None:
         """Read a raw ``apiextensions.k8s.io/v1`` CRD; None when it lacks what a trim needs."""
-        metadata = _mapping(obj.get("metadata"))
-        spec = _mapping(obj.get("spec"))
-        names = _mapping(spec.get("names"))
-        status = _mapping(obj.get("status"))
+        metadata = as_mapping(obj.get("metadata"))
+        spec = as_mapping(obj.get("spec"))
+        names = as_mapping(spec.get("names"))
+        status = as_mapping(obj.get("status"))
         storage = ""
         for version in spec.get("versions") or []:
-            entry = _mapping(version)
+            entry = as_mapping(version)
             if entry.get("storage") is True:
                 storage = str(entry.get("name") or "")
                 break

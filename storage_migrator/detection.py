@@ -51,6 +51,8 @@ from storage_migrator.models import (
     UNKNOWN,
     StorageState,
     StorageVersionMigration,
+    as_utc,
+    format_time,
     get_condition,
     is_condition_true,
     storage_state_name,
@@ -87,13 +89,6 @@ SINCE_ANNOTATION: Final = "migration.k8s.io/current-hash-since"
 SETTLE_ANNOTATION: Final = "migration.k8s.io/settle-until"
 
 
-def format_time(value: datetime) -> str:
-    """RFC 3339, UTC, second precision, ``Z`` (the form of ``metav1.Time``)."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def parse_time(text: str | None) -> datetime | None:
     """An aware UTC datetime from RFC 3339 text; None when absent or unreadable."""
     if not text:
@@ -105,13 +100,6 @@ def parse_time(text: str | None) -> datetime | None:
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC)
-
-
-def _utc(value: datetime) -> datetime:
-    """Aware UTC at second precision, as everything the API stores."""
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).replace(microsecond=0)
 
 
 class DetectionSettings(BaseModel):
@@ -327,7 +315,7 @@ def plan_detection(
     aggregated API server down, a partial discovery poll), and its state still
     tells the truth about what is stored; an operator deletes it to forget it.
     """
-    now = _utc(now)
+    now = as_utc(now)
     tracking = track_storage(discovered)
     by_name = {s.metadata.name: s for s in states if s.metadata.name}
     crds_by_resource = {(c.group, c.plural): c for c in crds}

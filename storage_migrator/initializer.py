@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.crds import CrdObservation
+from storage_migrator.crds import CrdObservation, as_mapping
 from storage_migrator.dispatch import is_finished, migration_resource
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.models import StorageVersionMigration, storage_state_name
@@ -35,10 +35,6 @@ __all__ = [
 ]
 
 Origin = Literal["built-in", "custom", "aggregated"]
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 class ApiServiceInfo(BaseModel):
@@ -58,10 +54,10 @@ class ApiServiceInfo(BaseModel):
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ApiServiceInfo:
         """Read a raw ``apiregistration.k8s.io/v1`` APIService as the API returns it."""
-        spec = _mapping(obj.get("spec"))
+        spec = as_mapping(obj.get("spec"))
         version = spec.get("version")
         if not isinstance(version, str) or not version:
-            name = _mapping(obj.get("metadata")).get("name", "<unnamed>")
+            name = as_mapping(obj.get("metadata")).get("name", "<unnamed>")
             raise ValueError(f"APIService {name!r} has no spec.version")
         return cls(group=str(spec.get("group") or ""), version=version, has_service=spec.get("service") is not None)
 

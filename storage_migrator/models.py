@@ -52,6 +52,8 @@ __all__ = [
     "StorageVersionMigrationSpec",
     "StorageVersionMigrationStatus",
     "WireModel",
+    "as_utc",
+    "format_time",
     "get_condition",
     "is_condition_true",
     "new_storage_state",
@@ -82,22 +84,22 @@ ConditionStatus = Literal["True", "False", "Unknown"]
 MigrationPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
-def _as_utc(value: datetime) -> datetime:
+def as_utc(value: datetime) -> datetime:
     """Naive times are UTC; seconds precision, as metav1.Time stores (exact round trips)."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).replace(microsecond=0)
 
 
-def _format_time(value: datetime) -> str:
-    """metav1.Time wire form: RFC 3339, second precision, ``Z``."""
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def format_time(value: datetime) -> str:
+    """metav1.Time wire form: RFC 3339, second precision, ``Z`` (naive times are UTC)."""
+    return as_utc(value).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 KubeTime = Annotated[
     datetime,
-    AfterValidator(_as_utc),
-    PlainSerializer(_format_time, return_type=str),
+    AfterValidator(as_utc),
+    PlainSerializer(format_time, return_type=str),
 ]
 """A ``metav1.Time``: aware UTC in Python, ``2026-11-22T03:58:31Z`` on the wire."""
 

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from storage_migrator.chunks import MigrationAborted, add_progress
 from storage_migrator.migrations import MigrationCancelled, failure_summary
-from storage_migrator.models import CONDITION_SUCCEEDED, MAX_RECORDED_FAILURES, MigrationProgress
+from storage_migrator.models import CONDITION_SUCCEEDED, MAX_RECORDED_FAILURES, MIGRATIONS_KIND_NAME, MigrationProgress
 from storage_migrator.settings import Settings
 from tasks.migrating import (
     MigrationHandle,
@@ -131,7 +131,7 @@ def migrate_resource(
     handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
     _label_run(handle)
     if handle.finished:
-        logger.info("storageversionmigration %s has already %s: nothing to do", handle.name, handle.finished)
+        logger.info("%s/%s has already %s: nothing to do", MIGRATIONS_KIND_NAME, handle.name, handle.finished)
         return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=handle.finished,
                                 progress=MigrationProgress())  # fmt: skip
     if settings.shared_write_budget:

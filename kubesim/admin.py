@@ -64,6 +64,10 @@ class Admin:
             body["resources"] = resources
         return dict(self._call("PUT", "encryption", body))
 
+    def set_feature_gates(self, gates: dict[str, bool]) -> dict[str, Any]:
+        """E.g. {"StorageVersionMigrator": True}: serve the in-tree storagemigration.k8s.io API."""
+        return dict(self._call("PUT", "feature-gates", gates))
+
     def compact(self) -> int:
         return int(self._call("POST", "compact")["revision"])
 

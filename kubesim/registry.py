@@ -84,6 +84,9 @@ class ServerConfig:
     # storage group-resource ("events", "deployments.apps") -> storage version
     storage_versions: dict[str, str] = field(default_factory=dict)
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
+    # Feature gates that serve optional built-in APIs (resources.FEATURE_GATES); off by
+    # default, as beta APIs are on a real v1.36 server.
+    feature_gates: set[str] = field(default_factory=set)
 
 
 def storage_group_resource(rt: ResourceType) -> str:
@@ -187,6 +190,8 @@ class Registry:
     def builtin_types(self) -> list[ResourceType]:
         out = []
         for rt in self._builtins:
+            if rt.feature_gate is not None and rt.feature_gate not in self.config.feature_gates:
+                continue
             version = self.config.storage_versions.get(storage_group_resource(rt))
             out.append(replace(rt, storage_version=version) if version else rt)
         return out

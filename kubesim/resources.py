@@ -19,6 +19,9 @@ from typing import Any
 ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
 CLUSTER_VERBS_NO_COLLECTION = ["create", "delete", "get", "list", "patch", "update", "watch"]
 SUB_VERBS = ["get", "patch", "update"]
+STORAGE_VERSION_MIGRATOR_GATE = "StorageVersionMigrator"
+#: The feature gates kubesim knows; a gate not listed here is refused by the admin API.
+FEATURE_GATES = (STORAGE_VERSION_MIGRATOR_GATE,)
 
 
 def storage_version_hash(group: str, version: str, kind: str) -> str:
@@ -72,6 +75,9 @@ class ResourceType:
     crd_schemas: dict[str, dict[str, Any]] = field(default_factory=dict)
     crd_printer_columns: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     default_namespaces: list[str] = field(default_factory=list)
+    # A built-in API served only while this feature gate is on (kube-apiserver's
+    # --feature-gates plus --runtime-config for beta APIs); None: always served.
+    feature_gate: str | None = None
 
     @property
     def is_custom(self) -> bool:
@@ -182,6 +188,13 @@ def builtin_resources() -> list[ResourceType]:
         _builtin(
             "internal.apiserver.k8s.io", "storageversions", "StorageVersion", namespaced=False, version="v1alpha1",
             subresources=["status"],
+        ),
+        # The in-tree migrator's API (beta in v1.36, behind the StorageVersionMigrator
+        # gate; reference/README.md): same plural and kind as our migration.k8s.io CRD,
+        # so a bare `kubectl get storageversionmigrations` resolves to it (issue 9).
+        _builtin(
+            "storagemigration.k8s.io", "storageversionmigrations", "StorageVersionMigration", namespaced=False,
+            version="v1beta1", subresources=["status"], feature_gate=STORAGE_VERSION_MIGRATOR_GATE,
         ),
     ]  # fmt: skip
 

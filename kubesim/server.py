@@ -29,7 +29,7 @@ from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versi
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
 from kubesim.registry import Registry, storage_group_resource
-from kubesim.resources import ResourceType
+from kubesim.resources import FEATURE_GATES, ResourceType
 from kubesim.selectors import field_selector, label_selector
 from kubesim.tables import to_table
 
@@ -161,6 +161,7 @@ class ApiServer:
                 storage_group_resource(rt): rt.storage_version for rt in self.registry.builtin_types() if not rt.virtual
             },
             "encryption": {"resources": sorted(cfg.encryption.resources), "keys": list(cfg.encryption.keys)},
+            "featureGates": {gate: gate in cfg.feature_gates for gate in FEATURE_GATES},
             "etcdURL": self.registry.etcd.url,
             "etcdRevision": self.registry.etcd.revision(),
         }
@@ -198,6 +199,18 @@ class ApiServer:
                 if not isinstance(resources, list):
                     raise bad_request("resources must be a list of group-resources, e.g. ['secrets']")
                 self.registry.config.encryption.resources = {str(r) for r in resources}
+        return self.admin_state()
+
+    def set_feature_gates(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Turn optional built-in APIs on or off, e.g. {"StorageVersionMigrator": true}."""
+        unknown = sorted(set(body) - set(FEATURE_GATES))
+        if unknown or not all(isinstance(v, bool) for v in body.values()):
+            raise bad_request(f"expected {{gate: true|false}} for gates among {list(FEATURE_GATES)}; got {body!r}")
+        with self.registry.lock:
+            gates = self.registry.config.feature_gates
+            for gate, on in body.items():
+                (gates.add if on else gates.discard)(gate)
+        storageversions.publish(self.registry)
         return self.admin_state()
 
     def compact(self) -> dict[str, Any]:
@@ -319,6 +332,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, api.set_storage_version(body))
         elif route == "encryption" and method in ("PUT", "POST"):
             self._send(200, api.set_encryption(body))
+        elif route == "feature-gates" and method in ("PUT", "POST"):
+            self._send(200, api.set_feature_gates(body))
         elif route == "compact" and method == "POST":
             self._send(200, api.compact())
         elif route == "faults" and method in ("PUT", "POST"):

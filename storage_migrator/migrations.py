@@ -27,6 +27,7 @@ from storage_migrator.models import (
     CONDITION_RUNNING,
     CONDITION_SUCCEEDED,
     GROUP,
+    MIGRATIONS_KIND_NAME,
     STORAGE_VERSION_MIGRATIONS,
     VERSION,
     MigrationCondition,
@@ -113,9 +114,9 @@ class MigrationRecord:
             answer = patch_object(self.api, MIGRATIONS, name=self.name, patch=body,
                                   subresource="status" if status else None)  # fmt: skip
         except NotFound as exc:
-            raise MigrationCancelled(f"storageversionmigration {self.name} was deleted: run cancelled") from exc
+            raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{self.name} was deleted: run cancelled") from exc
         except Conflict as exc:
-            raise MigrationCancelled(f"storageversionmigration {self.name} was replaced: run cancelled") from exc
+            raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{self.name} was replaced: run cancelled") from exc
         self.migration = StorageVersionMigration.model_validate(answer)
 
     def _status_patch(self, conditions: list[MigrationCondition], **fields: object) -> None:
@@ -133,9 +134,9 @@ class MigrationRecord:
         try:
             current = read_migration(api, name)
         except NotFound as exc:
-            raise MigrationCancelled(f"storageversionmigration {name} was deleted: run cancelled") from exc
+            raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{name} was deleted: run cancelled") from exc
         if current.metadata.uid != uid:
-            raise MigrationCancelled(f"storageversionmigration {name} was replaced: run cancelled")
+            raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{name} was replaced: run cancelled")
         return current
 
     @classmethod

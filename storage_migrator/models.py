@@ -31,6 +31,8 @@ __all__ = [
     "CONDITION_SUCCEEDED",
     "GROUP",
     "MAX_RECORDED_FAILURES",
+    "MIGRATIONS_KIND_NAME",
+    "STATES_KIND_NAME",
     "STORAGE_STATES",
     "STORAGE_VERSION_MIGRATIONS",
     "UNKNOWN",
@@ -69,6 +71,11 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 #: Plural resource names of our CRDs (for building a ResourceRef in the kube layer).
 STORAGE_VERSION_MIGRATIONS: Final = "storageversionmigrations"
 STORAGE_STATES: Final = "storagestates"
+#: The names a user types and reads (kubectl, messages, docs). Always fully qualified:
+#: a bare `kubectl get storageversionmigrations` resolves to the in-tree API
+#: (storagemigration.k8s.io), which has the same plural and kind (DESIGN 4.2, issue 9).
+MIGRATIONS_KIND_NAME: Final = f"{STORAGE_VERSION_MIGRATIONS}.{GROUP}"
+STATES_KIND_NAME: Final = f"{STORAGE_STATES}.{GROUP}"
 
 #: Valid in persistedStorageVersionHashes: versions persisted before we looked are unknown.
 UNKNOWN: Final = "Unknown"

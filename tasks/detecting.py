@@ -29,7 +29,13 @@ from storage_migrator.kube.errors import KubeError, NotFound
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.writing import delete_object, patch_object
 from storage_migrator.migrations import MIGRATIONS, create_migration, list_migrations
-from storage_migrator.models import StorageState, StorageVersionMigration, new_storage_version_migration
+from storage_migrator.models import (
+    MIGRATIONS_KIND_NAME,
+    STATES_KIND_NAME,
+    StorageState,
+    StorageVersionMigration,
+    new_storage_version_migration,
+)
 from storage_migrator.settings import Settings
 from storage_migrator.states import create_state, list_states, write_state
 from tasks.common import PRIVATE, connected
@@ -87,24 +93,24 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                     create_state(api, name=action.name, group=action.group, resource=action.resource,
                                  current_hash=action.current_hash, persisted=action.persisted,
                                  heartbeat=action.heartbeat, annotations=_ours(action.annotations))  # fmt: skip
-                    done = f"created storagestate {action.name}: {action.reason}"
+                    done = f"created {STATES_KIND_NAME}/{action.name}: {action.reason}"
                 elif isinstance(action, UpdateState):
                     old = by_name.get(action.name)
                     write_state(api, name=action.name, resource_version=action.resource_version,
                                 current_hash=action.current_hash, persisted=action.persisted,
                                 heartbeat=action.heartbeat, annotations=_ours(action.annotations),
                                 old_annotations=_ours(old.metadata.annotations if old else None))  # fmt: skip
-                    done = f"updated storagestate {action.name}: {action.reason}"
+                    done = f"updated {STATES_KIND_NAME}/{action.name}: {action.reason}"
                 elif isinstance(action, DeleteMigration):
                     with contextlib.suppress(NotFound):  # already gone: what we wanted
                         delete_object(api, MIGRATIONS, name=action.name, uid=action.uid)
-                    done = f"deleted storageversionmigration {action.name}: {action.reason}"
+                    done = f"deleted {MIGRATIONS_KIND_NAME}/{action.name}: {action.reason}"
                 elif isinstance(action, CreateMigration):
                     request = new_storage_version_migration(group=action.group, version=action.version,
                                                             resource=action.resource, labels=DETECTION_LABELS)  # fmt: skip
                     created = create_migration(api, request)
                     applied.created_migrations.append(created.metadata.name or "")
-                    done = f"requested storageversionmigration {created.metadata.name}: {action.reason}"
+                    done = f"requested {MIGRATIONS_KIND_NAME}/{created.metadata.name}: {action.reason}"
                 elif isinstance(action, TrimStoredVersions):
                     patch_object(api, CRDS, name=action.crd_name, subresource="status",
                                  resource_version=action.resource_version,

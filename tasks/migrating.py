@@ -31,6 +31,7 @@ from storage_migrator.migrations import (
 from storage_migrator.models import (
     CONDITION_FAILED,
     CONDITION_SUCCEEDED,
+    MIGRATIONS_KIND_NAME,
     MigrationProgress,
     ObjectFailure,
     is_condition_true,
@@ -103,8 +104,8 @@ def resolve_migration(
                 existing = read_migration(api, migration)
             except NotFound as exc:
                 raise ValueError(
-                    f"storageversionmigration {migration!r} not found: list them with "
-                    "`kubectl get storageversionmigrations`"
+                    f"{MIGRATIONS_KIND_NAME}/{migration} not found: list them with "
+                    f"`kubectl get {MIGRATIONS_KIND_NAME}`"
                 ) from exc
             spec = existing.spec.resource
             base = MigrationHandle(name=migration, uid=existing.metadata.uid or "", group=spec.group,

@@ -64,6 +64,7 @@ def kubesim(kubesim_session: Kubesim) -> Iterator[Kubesim]:
     yield kubesim_session
     admin = kubesim_session.admin
     admin.clear_faults()
+    admin.set_feature_gates(before["featureGates"])
     admin.set_encryption(before["encryption"]["keys"], resources=before["encryption"]["resources"])
     for group_resource, version in before["storageVersions"].items():
         resource, _, group = group_resource.partition(".")

@@ -122,7 +122,7 @@ def test_a_request_applied_with_kubectl_is_run_by_run_migrations(
     subprocess.run([*kubectl, "apply", "-f", str(manifest)], check=True, capture_output=True, timeout=60)
     stack.run("deployment", "run", "run-migrations/run-migrations")
     waited = subprocess.run(
-        [*kubectl, "wait", "--for=condition=Succeeded", "storageversionmigration/e2e-secrets-key2", "--timeout=180s"],
+        [*kubectl, "wait", "--for=condition=Succeeded", "storageversionmigrations.migration.k8s.io/e2e-secrets-key2", "--timeout=180s"],
         capture_output=True, text=True, timeout=200,
     )  # fmt: skip
     assert waited.returncode == 0, waited.stderr

@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubesim import codec
+from kubesim.crds import admit_custom_resource, crd_established, crd_status, validate_crd
 from kubesim.errors import (
     StatusError,
     already_exists,
@@ -209,7 +210,7 @@ class Registry:
         for kv in result.kvs:
             crd = self._decode(kv, "customresourcedefinitions.apiextensions.k8s.io").obj
             rt = resource_from_crd(crd)
-            if rt is not None and _crd_established(crd):
+            if rt is not None and crd_established(crd):
                 types[(rt.group, rt.resource)] = rt
         with self.lock:
             self._crd_types = types
@@ -435,15 +436,24 @@ class Registry:
         if rt.resource == "customresourcedefinitions":
             validate_crd(obj)
             obj["status"] = crd_status(obj, None)
+        if rt.is_custom:
+            obj = self._admit_custom(rt, obj, None)
         return obj
 
     def _prepare_for_update(self, rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
         if rt.resource == "secrets" and not rt.group and not new.get("type"):
             new["type"] = "Opaque"  # defaulted on every write, as on create
         if rt.resource == "customresourcedefinitions":
-            validate_crd(new)
+            validate_crd(new, old)
             new["status"] = crd_status(new, old.get("status") or {}, requested=new.get("status"))
+        if rt.is_custom:
+            new = self._admit_custom(rt, new, old)
         return new
+
+    def _admit_custom(self, rt: ResourceType, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+        # Pruned and validated against the schema of the version being written (crds.py).
+        version = obj["apiVersion"].rpartition("/")[2]
+        return admit_custom_resource(rt.kind, rt.group, obj, rt.crd_schemas.get(version) or {}, old)
 
     def _after_write(self, rt: ResourceType) -> None:
         if rt.resource == "customresourcedefinitions":
@@ -524,7 +534,7 @@ class Registry:
                 new["status"] = proposed["status"]
             else:
                 new.pop("status", None)
-            if rt.resource == "customresourcedefinitions":
+            if rt.resource == "customresourcedefinitions" or rt.is_custom:
                 new = self._prepare_for_update(rt, new, current)
             return new
         new = copy.deepcopy(proposed)
@@ -720,62 +730,3 @@ class Registry:
             except StatusError as exc:
                 if exc.code != 409:
                     raise
-
-
-def _crd_established(crd: dict[str, Any]) -> bool:
-    for cond in (crd.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == "Established":
-            return bool(cond.get("status") == "True")
-    return False
-
-
-def validate_crd(crd: dict[str, Any]) -> None:
-    name = (crd.get("metadata") or {}).get("name", "")
-    spec = crd.get("spec") or {}
-    names = spec.get("names") or {}
-    causes: list[tuple[str, str]] = []
-    if not spec.get("group"):
-        causes.append(("spec.group", "Required value"))
-    if not names.get("plural"):
-        causes.append(("spec.names.plural", "Required value"))
-    if not names.get("kind"):
-        causes.append(("spec.names.kind", "Required value"))
-    if spec.get("group") and names.get("plural") and name != f"{names['plural']}.{spec['group']}":
-        causes.append(("metadata.name", f'Invalid value: "{name}": must be spec.names.plural+"."+spec.group'))
-    versions = spec.get("versions") or []
-    storage = [v for v in versions if v.get("storage")]
-    if len(storage) != 1:
-        causes.append(("spec.versions", "Invalid value: must have exactly one version marked as storage version"))
-    if spec.get("scope") not in ("Namespaced", "Cluster"):
-        causes.append(("spec.scope", 'Unsupported value: supported values: "Cluster", "Namespaced"'))
-    if causes:
-        raise invalid("CustomResourceDefinition", "apiextensions.k8s.io", name, causes)
-
-
-def crd_status(
-    crd: dict[str, Any], old: dict[str, Any] | None, *, requested: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The status the apiextensions controllers keep: names accepted, established,
-    and `storedVersions` growing with every storage version ever used."""
-    spec = crd.get("spec") or {}
-    storage = next(v["name"] for v in spec.get("versions") or [] if v.get("storage"))
-    base = requested if requested is not None else (old or {})
-    stored = list(base.get("storedVersions") or (old or {}).get("storedVersions") or [])
-    if storage not in stored:
-        stored.append(storage)
-    ts = now_rfc3339()
-    prior = {c.get("type"): c for c in (old or {}).get("conditions") or []}
-
-    def cond(kind: str, reason: str, message: str) -> dict[str, Any]:
-        if kind in prior and prior[kind].get("status") == "True":
-            return dict(prior[kind])
-        return {"type": kind, "status": "True", "lastTransitionTime": ts, "reason": reason, "message": message}
-
-    return {
-        "conditions": [
-            cond("NamesAccepted", "NoConflicts", "no conflicts found"),
-            cond("Established", "InitialNamesAccepted", "the initial names have been accepted"),
-        ],
-        "acceptedNames": dict(spec.get("names") or {}),
-        "storedVersions": stored,
-    }

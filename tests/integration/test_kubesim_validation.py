@@ -1,0 +1,247 @@
+"""kubesim refuses what kube-apiserver refuses for CRDs and custom resources, judged by HTTP answers and etcd.
+
+A real kube-apiserver refused our CRDs while every test passed against kubesim:
+these tests hold kubesim to the real server's answers (reference/
+crd-protected-group-422.json, apiextensions-apiserver's validation) with the
+official client, kubectl and raw HTTP, and read etcd to see what was stored.
+"""
+
+from __future__ import annotations
+
+import copy
+import http.client
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from kubesim import codec
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = ROOT / "deployments" / "crds"
+REFERENCE = Path("/work/shared/reference/crd-protected-group-422.json")
+KUBECTL = ROOT / ".venv" / "bin" / "kubectl"
+GROUP, VERSION = "migration.k8s.io", "v1alpha1"
+SVMS, STATES = "storageversionmigrations", "storagestates"
+
+
+def call(url: str, method: str, path: str, body: Any, *, content_type: str = "application/json") -> tuple[int, Any]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    try:
+        conn.request(method, path, body=json.dumps(body).encode(), headers={"Content-Type": content_type})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read() or b"null")
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def custom(kubesim: Any, migration_crds: None) -> Iterator[k8s.CustomObjectsApi]:
+    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    try:
+        yield k8s.CustomObjectsApi(api)
+    finally:
+        api.close()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def svm_body(name: str, resource: str = "secrets") -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "StorageVersionMigration",
+        "metadata": {"name": name},
+        "spec": {"resource": {"group": "", "version": "v1", "resource": resource}},
+    }
+
+
+def stored_svm(kubesim: Any, name: str) -> tuple[int, dict[str, Any]]:
+    kv, _ = kubesim.etcd.get(f"/registry/{GROUP}/{SVMS}/{name}".encode())
+    assert kv is not None, f"{name} is not in etcd"
+    return kv.mod_revision, codec.decode(kv.value, read_keys=["key1"]).obj
+
+
+def kubectl(kubesim: Any, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    return subprocess.run(
+        [str(KUBECTL), "--kubeconfig", kubesim.kubeconfig, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+
+
+# ----- CRDs -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not KUBECTL.exists(), reason="the pinned kubectl is not installed")
+def test_kubectl_apply_of_our_crds_succeeds(kubesim: Any, migration_crds: None, tmp_path: Path) -> None:
+    """Our CRDs carry `api-approved.kubernetes.io` (a URL): applying them (again, as an
+    update of the installed ones: the approval state does not change) is accepted."""
+    done = kubectl(kubesim, tmp_path, "apply", "-f", str(CRD_DIR))
+    assert done.returncode == 0, done.stderr
+    crd = k8s.ApiextensionsV1Api(k8s_config.new_client_from_config(config_file=kubesim.kubeconfig))
+    got = crd.read_custom_resource_definition(f"{SVMS}.{GROUP}")
+    conditions = {c.type: (c.status, c.reason) for c in got.status.conditions}
+    assert conditions["KubernetesAPIApprovalPolicyConformant"] == ("True", "ApprovedAnnotation")
+
+
+def test_crd_in_a_protected_group_without_approval_is_refused_as_the_reference(kubesim: Any) -> None:
+    """reference/crd-protected-group-422.json: "creating a CRD in a protected group (`*.k8s.io`,
+    `*.kubernetes.io`) without the `api-approved.kubernetes.io` annotation is refused with 422
+    `Invalid` and this body." Compared field by field, then whole."""
+    reference = json.loads(REFERENCE.read_text())
+    doc = yaml.safe_load((CRD_DIR / "storageversionmigrations.yaml").read_text())
+    doc["metadata"] = {"name": "gadgets.bars.k8s.io"}
+    doc["spec"]["group"] = "bars.k8s.io"
+    doc["spec"]["names"] = {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"}
+    status, body = call(kubesim.url, "POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
+    assert status == 422
+    for key in ("kind", "apiVersion", "status", "message", "reason", "code"):
+        assert body[key] == reference[key], key
+    for key in ("name", "group", "kind"):
+        assert body["details"][key] == reference["details"][key], key
+    assert body["details"]["causes"] == reference["details"]["causes"]
+    assert body == reference
+    assert kubesim.etcd.get(b"/registry/apiextensions.k8s.io/customresourcedefinitions/gadgets.bars.k8s.io")[0] is None
+
+
+def test_removing_the_approval_of_an_installed_crd_is_refused(kubesim: Any, migration_crds: None) -> None:
+    """validateAPIApproval on update: only an unchanged approval state passes; Approved →
+    Missing is `Required value`."""
+    path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{STATES}.{GROUP}"
+    patch = {"metadata": {"annotations": {"api-approved.kubernetes.io": None}}}
+    status, body = call(kubesim.url, "PATCH", path, patch, content_type="application/merge-patch+json")
+    assert status == 422, body
+    assert body["details"]["causes"][0]["field"] == "metadata.annotations[api-approved.kubernetes.io]"
+
+
+# ----- custom resources -------------------------------------------------------
+
+
+def test_changing_spec_resource_of_a_migration_is_refused_and_etcd_unchanged(
+    kubesim: Any, custom: k8s.CustomObjectsApi
+) -> None:
+    """Our CRD's transition rule `self == oldSelf` on spec.resource; the real server answers
+    field.Invalid(path, "object", message): `spec.resource: Invalid value: "object": spec.resource
+    is immutable; create another StorageVersionMigration to migrate another resource`."""
+    name = unique("immutable")
+    custom.create_cluster_custom_object(GROUP, VERSION, SVMS, svm_body(name))
+    try:
+        before = stored_svm(kubesim, name)
+        patch = {"spec": {"resource": {"resource": "configmaps"}}}
+        with pytest.raises(k8s.ApiException) as caught:
+            custom.patch_cluster_custom_object(GROUP, VERSION, SVMS, name, patch)
+        assert caught.value.status == 422
+        body = json.loads(caught.value.body)
+        assert body["reason"] == "Invalid"
+        assert body["message"] == (
+            f'StorageVersionMigration.migration.k8s.io "{name}" is invalid: spec.resource: Invalid value: "object": '
+            "spec.resource is immutable; create another StorageVersionMigration to migrate another resource"
+        )
+        assert body["details"]["causes"] == [
+            {
+                "reason": "FieldValueInvalid",
+                "message": 'Invalid value: "object": spec.resource is immutable; create another '
+                "StorageVersionMigration to migrate another resource",
+                "field": "spec.resource",
+            }
+        ]
+        assert stored_svm(kubesim, name) == before
+        # Other spec fields stay writable: only spec.resource is immutable.
+        custom.patch_cluster_custom_object(GROUP, VERSION, SVMS, name, {"spec": {"continueToken": "abc"}})
+        assert stored_svm(kubesim, name)[1]["spec"]["continueToken"] == "abc"
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, SVMS, name)
+
+
+@pytest.mark.skipif(not KUBECTL.exists(), reason="the pinned kubectl is not installed")
+def test_kubectl_apply_changing_spec_resource_is_refused(kubesim: Any, migration_crds: None, tmp_path: Path) -> None:
+    name = unique("apply")
+    manifest = tmp_path / "svm.yaml"
+    manifest.write_text(yaml.safe_dump(svm_body(name)))
+    assert kubectl(kubesim, tmp_path, "apply", "-f", str(manifest)).returncode == 0
+    try:
+        before = stored_svm(kubesim, name)
+        manifest.write_text(yaml.safe_dump(svm_body(name, resource="configmaps")))
+        done = kubectl(kubesim, tmp_path, "apply", "-f", str(manifest))
+        assert done.returncode != 0
+        assert 'spec.resource: Invalid value: "object": spec.resource is immutable' in done.stderr
+        assert stored_svm(kubesim, name) == before
+    finally:
+        kubectl(kubesim, tmp_path, "delete", "-f", str(manifest))
+
+
+def test_a_storage_state_named_after_another_resource_is_refused(kubesim: Any, custom: k8s.CustomObjectsApi) -> None:
+    """Our StorageState root rule: metadata.name must be <resource>.<group>. A root rule has a nil
+    field path, which the real server prints `<nil>`."""
+    name = unique("wrong")
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "StorageState", "metadata": {"name": name},
+            "spec": {"resource": {"group": "apps", "resource": "deployments"}}}  # fmt: skip
+    with pytest.raises(k8s.ApiException) as caught:
+        custom.create_cluster_custom_object(GROUP, VERSION, STATES, body)
+    assert caught.value.status == 422
+    doc = json.loads(caught.value.body)
+    assert doc["message"] == (
+        f'StorageState.migration.k8s.io "{name}" is invalid: <nil>: Invalid value: "object": metadata.name must be '
+        '"<spec.resource.resource>.<spec.resource.group>", or "<spec.resource.resource>" for the core group'
+    )
+    assert kubesim.etcd.get(f"/registry/{GROUP}/{STATES}/{name}".encode())[0] is None
+
+
+def test_an_unknown_spec_field_is_pruned_before_storing(kubesim: Any, custom: k8s.CustomObjectsApi) -> None:
+    """Structural schemas prune: a field not in `properties` is not stored (nor is an unknown
+    metadata field: metadata is decoded as ObjectMeta)."""
+    name = unique("pruned")
+    body = svm_body(name)
+    body["spec"]["bogus"] = {"deep": 1}
+    body["spec"]["resource"]["extra"] = "x"
+    body["metadata"]["unknownMeta"] = "y"
+    created = custom.create_cluster_custom_object(GROUP, VERSION, SVMS, copy.deepcopy(body))
+    try:
+        assert "bogus" not in created["spec"]
+        _, stored = stored_svm(kubesim, name)
+        assert stored["spec"] == {"resource": {"group": "", "version": "v1", "resource": "secrets"}}
+        assert "unknownMeta" not in stored["metadata"]
+        assert stored["metadata"]["name"] == name
+        # A patch adding an unknown field is pruned too, and then changes nothing: no write.
+        rev = stored_svm(kubesim, name)[0]
+        custom.patch_cluster_custom_object(GROUP, VERSION, SVMS, name, {"spec": {"bogus": 2}})
+        assert stored_svm(kubesim, name)[0] == rev
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, SVMS, name)
+
+
+def test_an_invalid_phase_through_the_status_subresource_is_refused(kubesim: Any, custom: k8s.CustomObjectsApi) -> None:
+    """`enum` on status.phase: kubeOpenAPIResultToFieldErrors maps EnumFailCode to field.NotSupported."""
+    name = unique("phase")
+    custom.create_cluster_custom_object(GROUP, VERSION, SVMS, svm_body(name))
+    try:
+        before = stored_svm(kubesim, name)
+        with pytest.raises(k8s.ApiException) as caught:
+            custom.patch_cluster_custom_object_status(GROUP, VERSION, SVMS, name, {"status": {"phase": "Bogus"}})
+        assert caught.value.status == 422
+        doc = json.loads(caught.value.body)
+        assert doc["message"] == (
+            f'StorageVersionMigration.migration.k8s.io "{name}" is invalid: status.phase: Unsupported value: '
+            '"Bogus": supported values: "Pending", "Running", "Succeeded", "Failed"'
+        )
+        assert doc["details"]["causes"][0]["reason"] == "FieldValueNotSupported"
+        assert stored_svm(kubesim, name) == before
+        custom.patch_cluster_custom_object_status(GROUP, VERSION, SVMS, name, {"status": {"phase": "Running"}})
+        assert stored_svm(kubesim, name)[1]["status"] == {"phase": "Running"}
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, SVMS, name)

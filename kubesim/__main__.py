@@ -48,7 +48,9 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        cluster = Cluster(etcd_url=args.etcd, servers=args.servers, port=args.port).start()
+        cluster = Cluster(
+            etcd_url=args.etcd, servers=args.servers, port=args.port, authz_warmup_seconds=args.authz_warmup
+        ).start()
     except RuntimeError as exc:
         print(f"kubesim: {exc}", file=sys.stderr)
         return 1
@@ -137,6 +139,9 @@ def parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--port", type=int, default=0, help="port of the first API server (default: a free one)")
     p_serve.add_argument("--servers", type=int, default=1,
                          help="API servers sharing the etcd, for HA; contexts kubesim-0, kubesim-1, ...")  # fmt: skip
+    p_serve.add_argument("--authz-warmup", type=float, default=0.0, metavar="SECONDS",
+                         help="after starting, answer 403 to every API request (but discovery and health) and "
+                         "500 to /readyz for SECONDS, as kube-apiserver does until its RBAC caches fill")  # fmt: skip
     p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p_serve.set_defaults(func=serve)
 

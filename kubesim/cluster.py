@@ -8,6 +8,7 @@ has its own storage versions and encryption keys (its `ServerConfig`).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +40,14 @@ def kubeconfig_doc(servers: list[ApiServer]) -> dict[str, Any]:
 
 
 class Cluster:
-    def __init__(self, *, etcd_url: str | None = None, servers: int = 1, port: int = 0) -> None:
+    def __init__(
+        self, *, etcd_url: str | None = None, servers: int = 1, port: int = 0, authz_warmup_seconds: float = 0.0
+    ) -> None:
         self._etcd_process: EtcdProcess | None = None
         self._etcd_url = etcd_url
         self._count = servers
         self._port = port
+        self._authz_warmup_seconds = authz_warmup_seconds
         self.servers: list[ApiServer] = []
         self.kubeconfig: Path | None = None
 
@@ -62,20 +66,46 @@ class Cluster:
             self._etcd_url = self._etcd_process.url
         try:
             for i in range(self._count):
-                self.add_server(port=self._port if i == 0 else 0)
+                self.add_server(port=self._port if i == 0 else 0, authz_warmup_seconds=self._authz_warmup_seconds)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def add_server(self, *, port: int = 0, config: ServerConfig | None = None) -> ApiServer:
-        registry = Registry(EtcdStore(self.etcd_url), config)
-        registry.ensure_default_namespaces()
-        storageversions.publish(registry)
-        server = ApiServer(registry, port=port).start()
+    def add_server(
+        self, *, port: int = 0, config: ServerConfig | None = None, authz_warmup_seconds: float = 0.0
+    ) -> ApiServer:
+        server = self._start_server(port=port, config=config, authz_warmup_seconds=authz_warmup_seconds)
         self.servers.append(server)
         if self.kubeconfig is not None:
             self.write_kubeconfig(self.kubeconfig)
+        return server
+
+    def _start_server(self, *, port: int, config: ServerConfig | None, authz_warmup_seconds: float) -> ApiServer:
+        registry = Registry(EtcdStore(self.etcd_url), config)
+        registry.ensure_default_namespaces()
+        storageversions.publish(registry)
+        return ApiServer(registry, port=port, authz_warmup_seconds=authz_warmup_seconds).start()
+
+    def restart_server(
+        self, index: int = 0, *, down_seconds: float = 0.0, authz_warmup_seconds: float = 0.0
+    ) -> ApiServer:
+        """Restart API server `index` as a real restart: same port, same etcd, same `ServerConfig`.
+
+        Connections in flight are dropped; for `down_seconds` the port refuses
+        connections; then a new server (fresh in-memory state) answers 403 to every
+        API request for `authz_warmup_seconds`, as kube-apiserver does until its
+        RBAC caches fill (kubesim/health.py).
+        """
+        old = self.servers[index]
+        old.stop()
+        old.registry.etcd.close()
+        if down_seconds > 0:
+            time.sleep(down_seconds)
+        server = self._start_server(
+            port=old.port, config=old.registry.config, authz_warmup_seconds=authz_warmup_seconds
+        )
+        self.servers[index] = server
         return server
 
     def remove_server(self, index: int) -> None:

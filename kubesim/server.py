@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
-from kubesim import openapi, protobuf, storageversions
+from kubesim import health, openapi, protobuf, storageversions
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
@@ -125,10 +125,17 @@ class Request:
 class ApiServer:
     """One simulated kube-apiserver: a registry, faults and an HTTP listener."""
 
-    def __init__(self, registry: Registry, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, registry: Registry, *, host: str = "127.0.0.1", port: int = 0, authz_warmup_seconds: float = 0.0
+    ) -> None:
         self.registry = registry
         self.faults = Faults()
         self.started_at = time.time()
+        #: After a start, 403 to every API request for this long (kubesim/health.py).
+        self.authz_warmup_seconds = authz_warmup_seconds
+        self.warmup = health.Warmup(authz_warmup_seconds)
+        self.connections: set[socket.socket] = set()
+        self.connections_lock = threading.Lock()
         handler = type("BoundHandler", (Handler,), {"api": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
@@ -149,6 +156,12 @@ class ApiServer:
         self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
+        # A stopped server drops the connections in flight (keep-alive ones too).
+        with self.connections_lock:
+            open_connections = list(self.connections)
+        for conn in open_connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -240,6 +253,17 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     api: ApiServer
     server_version = "kubesim"
+
+    def setup(self) -> None:
+        super().setup()
+        with self.api.connections_lock:
+            self.api.connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.api.connections_lock:
+            self.api.connections.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
@@ -354,6 +378,10 @@ class Handler(BaseHTTPRequestHandler):
     # ----- the Kubernetes API -------------------------------------------
     def _serve(self, method: str, path: str, query: dict[str, str], raw: bytes) -> None:
         registry = self.api.registry
+        if method == "GET" and path.rstrip("/") in health.HEALTH_PATHS:
+            code, text = health.health_answer(path, warming=self.api.warmup.active(), verbose="verbose" in query)
+            self._send(code, text, headers={"X-Content-Type-Options": "nosniff"}, ctype="text/plain; charset=utf-8")
+            return
         if method == "GET":
             doc = self._static(path)
             if doc is not None:
@@ -361,6 +389,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, doc)
                 return
         req = Request(method, path, query)
+        if self.api.warmup.active():  # authorization runs before the resource is looked up
+            self.api.faults.count(req.verb, f"{req.resource}.{req.group}" if req.group else req.resource)
+            raise health.forbidden(verb=req.verb, group=req.group, resource=req.resource,
+                                   subresource=req.subresource, namespace=req.namespace, name=req.name)  # fmt: skip
         if not _VERSION_RE.match(req.version):
             raise resource_not_found()
         rt = registry.lookup(req.group, req.version, req.resource)

@@ -14,6 +14,16 @@ inside the chunk: a 404 or 409 is fine, transient answers are retried with
 backoff (server hints win), anything else is recorded as a failure with the
 object's name and the API's reason, and the chunk goes on (upstream issue #83:
 no endless retries).
+
+A restarting API server denies (401/403) what it allows a moment later, until its
+caches fill. Such an answer is taken as "the server is settling", not as an
+answer about the object, when this migration saw the server fail (no answer, or
+a 5xx) within `settle_window_seconds`, or when `/readyz` does not answer 200
+right now; it is then waited out with backoff, for at most
+`settle_timeout_seconds` per request, without using up ordinary attempts
+(`retry_step` holds the whole policy). And before a chunk's result (so its
+checkpoint) is produced, every object that ended `failed` is tried once more,
+after `/readyz` answers 200 (bounded): only what still fails is `failed`.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from kubernetes.client import ApiClient
@@ -36,7 +47,10 @@ from storage_migrator.kube.errors import (
     MethodNotAllowed,
     NotFound,
     is_retriable,
+    is_server_trouble,
+    is_settling_answer,
 )
+from storage_migrator.kube.health import READYZ_TIMEOUT_SECONDS, is_ready
 from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import WriteResult, rewrite_with_patch, rewrite_with_put
@@ -48,13 +62,19 @@ __all__ = [
     "ChunkResult",
     "MigrationAborted",
     "Outcome",
+    "RetryStep",
+    "ServerTrouble",
     "WriteMode",
     "add_progress",
     "migrate_chunk",
+    "retry_step",
 ]
 
 Outcome = Literal["rewritten", "unchanged", "gone", "conflicted", "failed"]
 WriteMode = Literal["patch", "put"]
+#: What to do with a failed request: send it again as an ordinary attempt, wait
+#: for a settling server (not counted as an attempt), or give up.
+RetryStep = Literal["retry", "settle", "fail"]
 
 #: A chunk LIST that keeps answering 410 without progress is restarted at most this often.
 MAX_EXPIRED_RELISTS = 5
@@ -85,6 +105,12 @@ class ChunkOptions(BaseModel):
     backoff_base_seconds: float = Field(default=0.5, gt=0)
     backoff_max_seconds: float = Field(default=30.0, gt=0)
     request_timeout_seconds: float = Field(default=60.0, gt=0)
+    settle_window_seconds: float = Field(
+        default=60.0, ge=0, description="A 401/403 this soon after a connection error or 5xx is the server settling."
+    )
+    settle_timeout_seconds: float = Field(
+        default=120.0, ge=0, description="Longest wait for a settling server, per request (not counted as attempts)."
+    )
 
 
 class ChunkResult(BaseModel):
@@ -104,6 +130,8 @@ class ChunkResult(BaseModel):
     remaining_item_count: int | None = None
     relisted: int = Field(default=0, description="LISTs answered 410 and re-issued.")
     retries: int = Field(default=0, description="Transient answers retried (LIST and writes).")
+    settle_waits: int = Field(default=0, description="401/403 answers of a settling server waited out.")
+    second_tries: int = Field(default=0, description="Failed objects tried once more at the end of the chunk.")
     bytes_received: int = 0
 
 
@@ -129,6 +157,7 @@ class _Tally:
         self.counts: dict[str, int] = {"rewritten": 0, "unchanged": 0, "gone": 0, "conflicted": 0, "failed": 0}
         self.failures: list[ObjectFailure] = []
         self.retries = 0
+        self.settle_waits = 0
         self.bytes = 0
 
     def settle(self, outcome: Outcome, failure: ObjectFailure | None = None, *, size: int = 0) -> None:
@@ -138,25 +167,124 @@ class _Tally:
             if failure is not None and len(self.failures) < MAX_RECORDED_FAILURES:
                 self.failures.append(failure)
 
-    def retried(self) -> None:
+    def retried(self, step: RetryStep = "retry") -> None:
         with self.lock:
-            self.retries += 1
+            if step == "settle":
+                self.settle_waits += 1
+            else:
+                self.retries += 1
 
 
-def _list(
-    api: ApiClient,
-    ref: ResourceRef,
-    token: str | None,
-    options: ChunkOptions,
-    sleep: Callable[[float], None],
-    tally: _Tally,
-) -> tuple[ListPage, int]:
+class ServerTrouble:
+    """When this migration last saw the API server fail; shared by the writer threads.
+
+    "Trouble" is no answer at all or a 5xx (`is_server_trouble`), and a `/readyz`
+    that did not answer 200. A 401/403 within `window_seconds` of it is taken as
+    the server settling after a restart (issue: "A 403 or 401 right after
+    connection errors or a /readyz failure is not an answer about the object").
+    """
+
+    def __init__(self, *, window_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_seconds = window_seconds
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: float | None = None
+
+    def saw(self, error: BaseException) -> None:
+        """Remember `error` if it says the server failed."""
+        if is_server_trouble(error):
+            self.note()
+
+    def note(self) -> None:
+        with self._lock:
+            self._last = self._clock()
+
+    def recent(self) -> bool:
+        with self._lock:
+            return self._last is not None and self._clock() - self._last <= self.window_seconds
+
+
+def retry_step(
+    error: BaseException,
+    *,
+    attempt: int,
+    max_attempts: int,
+    settled_for: float,
+    settle_timeout: float,
+    server_settling: Callable[[], bool],
+) -> RetryStep:
+    """The one policy for a failed request: send it again now, and on which budget?
+
+    Transient answers (`is_retriable`) are ordinary attempts, `attempt` counting
+    from 0 up to `max_attempts`. A 401/403 (`is_settling_answer`) is waited out
+    while `server_settling()` says the server is settling (asked last: it may
+    probe `/readyz`), for at most `settle_timeout` seconds in all
+    (`settled_for` so far). Anything else is an answer about the object: fail
+    (upstream issue #83: no endless retries).
+    """
+    if is_retriable(error):
+        return "retry" if attempt + 1 < max_attempts else "fail"
+    if is_settling_answer(error) and settled_for < settle_timeout and server_settling():
+        return "settle"
+    return "fail"
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every request of one chunk needs (shared by the writer threads)."""
+
+    api: ApiClient
+    ref: ResourceRef
+    options: ChunkOptions
+    sleep: Callable[[float], None]
+    tally: _Tally
+    trouble: ServerTrouble
+
+    def server_settling(self) -> bool:
+        """Recent trouble, or `/readyz` failing now (remembered, so other threads skip the probe)."""
+        if self.trouble.recent():
+            return True
+        if is_ready(self.api, timeout=min(self.options.request_timeout_seconds, READYZ_TIMEOUT_SECONDS)):
+            return False
+        self.trouble.note()
+        return True
+
+    def next_step(self, exc: KubeError, *, attempt: int, max_attempts: int, settled_for: float) -> RetryStep:
+        self.trouble.saw(exc)
+        return retry_step(exc, attempt=attempt, max_attempts=max_attempts, settled_for=settled_for,
+                          settle_timeout=self.options.settle_timeout_seconds,
+                          server_settling=self.server_settling)  # fmt: skip
+
+    def wait(self, exc: KubeError, step: RetryStep, *, attempt: int) -> float:
+        """Back off before sending again; the seconds waited."""
+        self.tally.retried(step)
+        delay = retry_delay(exc, attempt=attempt, base=self.options.backoff_base_seconds,
+                            cap=self.options.backoff_max_seconds)  # fmt: skip
+        self.sleep(delay)
+        return delay
+
+    def await_ready(self) -> None:
+        """Wait (bounded by the settle budget) until `/readyz` answers 200."""
+        waited, attempt = 0.0, 0
+        while waited < self.options.settle_timeout_seconds and not is_ready(
+            self.api, timeout=min(self.options.request_timeout_seconds, READYZ_TIMEOUT_SECONDS)
+        ):
+            delay = min(self.options.backoff_max_seconds, self.options.backoff_base_seconds * 2.0 ** min(attempt, 64))
+            self.sleep(delay)
+            waited += delay
+            attempt += 1
+
+
+def _list(ctx: _Context, token: str | None) -> tuple[ListPage, int]:
+    ref, options = ctx.ref, ctx.options
     relisted = 0
     attempt = 0
+    settled_for = 0.0
+    settles = 0
     while True:
         try:
             page = list_page(
-                api, ref, limit=options.limit, continue_token=token,
+                ctx.api, ref, limit=options.limit, continue_token=token,
                 metadata_only=options.write_mode == "patch", timeout=options.request_timeout_seconds,
             )  # fmt: skip
             return page, relisted
@@ -172,19 +300,18 @@ def _list(
                 "ResourceNotServed", f"resource no longer served: LIST {ref} answered 404 ({exc.message})"
             ) from exc
         except KubeError as exc:
-            if not is_retriable(exc):
+            step = ctx.next_step(exc, attempt=attempt, max_attempts=options.max_list_attempts, settled_for=settled_for)
+            if step == "fail":
+                tries = f"{attempt + 1} times" if is_retriable(exc) else "for good"
                 raise MigrationAborted(
-                    "ListFailed", f"LIST {ref} failed: {exc.code} {exc.reason}: {exc.message}"
+                    "ListFailed", f"LIST {ref} failed {tries}, last: {exc.code} {exc.reason}: {exc.message}"
                 ) from exc
-            attempt += 1
-            if attempt >= options.max_list_attempts:
-                raise MigrationAborted(
-                    "ListFailed",
-                    f"LIST {ref} failed {attempt} times, last: {exc.code} {exc.reason}: {exc.message}",
-                ) from exc
-            tally.retried()
-            sleep(retry_delay(exc, attempt=attempt - 1, base=options.backoff_base_seconds,
-                              cap=options.backoff_max_seconds))  # fmt: skip
+            if step == "settle":
+                settled_for += ctx.wait(exc, step, attempt=settles)
+                settles += 1
+            else:
+                ctx.wait(exc, step, attempt=attempt)
+                attempt += 1
 
 
 def _put_body(page: ListPage, item: dict[str, Any], ref: ResourceRef) -> bytes:
@@ -193,62 +320,107 @@ def _put_body(page: ListPage, item: dict[str, Any], ref: ResourceRef) -> bytes:
     return json.dumps({"apiVersion": ref.api_version, "kind": kind, **item}, separators=(",", ":")).encode()
 
 
+@dataclass(frozen=True)
+class _Settled:
+    """One object's outcome (and, when failed, why: names and the API's reason only)."""
+
+    outcome: Outcome
+    failure: ObjectFailure | None = None
+    size: int = 0
+
+
 def _write_one(
-    api: ApiClient,
-    ref: ResourceRef,
+    ctx: _Context,
     page: ListPage,
     item: dict[str, Any],
-    options: ChunkOptions,
     before_write: Callable[[], None],
-    sleep: Callable[[float], None],
-    tally: _Tally,
     stop: threading.Event,
-) -> None:
+    *,
+    last_try: bool = False,
+) -> _Settled | None:
+    """Write one item until it settles; None when the chunk was stopped first.
+
+    `last_try`: the end-of-chunk retry of a failed object, a single request.
+    """
+    ref, options = ctx.ref, ctx.options
     meta = item.get("metadata") or {}
     name = str(meta.get("name", ""))
     namespace = meta.get("namespace") or None
     attempt = 0
+    settled_for = 0.0
+    settles = 0
     while True:
         if stop.is_set():
-            return
+            return None
         before_write()
         try:
             result: WriteResult
             if options.write_mode == "patch":
                 result = rewrite_with_patch(
-                    api, ref, name=name, namespace=namespace, resource_version=str(meta.get("resourceVersion", "")),
-                    timeout=options.request_timeout_seconds,
+                    ctx.api, ref, name=name, namespace=namespace,
+                    resource_version=str(meta.get("resourceVersion", "")), timeout=options.request_timeout_seconds,
                 )  # fmt: skip
             else:
                 result = rewrite_with_put(
-                    api, ref, body=_put_body(page, item, ref), timeout=options.request_timeout_seconds
+                    ctx.api, ref, body=_put_body(page, item, ref), timeout=options.request_timeout_seconds
                 )
-            tally.settle("rewritten" if result.rewritten else "unchanged", size=result.response_bytes)
-            return
+            return _Settled("rewritten" if result.rewritten else "unchanged", size=result.response_bytes)
         except NotFound:
-            tally.settle("gone")  # deleted since the LIST: nothing to migrate
-            return
+            return _Settled("gone")  # deleted since the LIST: nothing to migrate
         except Conflict:
-            tally.settle("conflicted")  # written since the LIST: that write re-encoded it
-            return
+            return _Settled("conflicted")  # written since the LIST: that write re-encoded it
         except MethodNotAllowed as exc:
             stop.set()
             raise MigrationAborted(
                 "MethodNotAllowed", f"{ref} cannot be written ({exc.what}: 405 {exc.message})"
             ) from exc
         except KubeError as exc:
-            if is_retriable(exc) and attempt + 1 < options.max_write_attempts:
-                tally.retried()
-                sleep(retry_delay(exc, attempt=attempt, base=options.backoff_base_seconds,
-                                  cap=options.backoff_max_seconds))  # fmt: skip
+            step: RetryStep = "fail"
+            if not last_try:
+                step = ctx.next_step(
+                    exc, attempt=attempt, max_attempts=options.max_write_attempts, settled_for=settled_for
+                )
+            if step == "settle":
+                settled_for += ctx.wait(exc, step, attempt=settles)
+                settles += 1
+                continue
+            if step == "retry":
+                ctx.wait(exc, step, attempt=attempt)
                 attempt += 1
                 continue
-            tally.settle(
+            return _Settled(
                 "failed",
                 ObjectFailure(namespace=namespace, name=name, code=exc.code, reason=exc.reason,
                               message=exc.message[:300]),
             )  # fmt: skip
-            return
+
+
+def _write_all(
+    pool: ThreadPoolExecutor,
+    ctx: _Context,
+    page: ListPage,
+    items: list[dict[str, Any]],
+    pace: Pacer,
+    stop: threading.Event,
+    *,
+    last_try: bool = False,
+) -> list[_Settled | None]:
+    """Write `items` on the pool (the shared budget taken here, a batch at a time)."""
+    futures = []
+    for i, item in enumerate(items):
+        if stop.is_set():
+            break
+        if i % pace.batch == 0:
+            pace.admit(min(pace.batch, len(items) - i))
+        futures.append(pool.submit(_write_one, ctx, page, item, pace.before_write, stop, last_try=last_try))
+    errors = [f.exception() for f in futures]
+    aborted = next((e for e in errors if isinstance(e, MigrationAborted)), None)
+    if aborted is not None:
+        raise aborted
+    unexpected = next((e for e in errors if e is not None), None)
+    if unexpected is not None:
+        raise unexpected
+    return [f.result() for f in futures]
 
 
 def migrate_chunk(
@@ -259,34 +431,35 @@ def migrate_chunk(
     options: ChunkOptions,
     pacer: Pacer | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    trouble: ServerTrouble | None = None,
 ) -> ChunkResult:
     """LIST one page from `continue_token` and settle every item in it.
 
     The shared write budget is taken here, on the caller's thread, a batch at a
     time before the batch's writes are queued; the writing threads only pace.
+    Objects that fail are tried once more, after `/readyz` answers 200, before
+    the result is returned (so a checkpoint never passes an object that a
+    settling server failed). `trouble` may be shared across chunks (default: a
+    memory of this chunk only).
     """
     pace = pacer or NoPacing()
     tally = _Tally()
-    page, relisted = _list(api, ref, continue_token, options, sleep, tally)
+    ctx = _Context(api=api, ref=ref, options=options, sleep=sleep, tally=tally,
+                   trouble=trouble or ServerTrouble(window_seconds=options.settle_window_seconds))  # fmt: skip
+    page, relisted = _list(ctx, continue_token)
     stop = threading.Event()
     items: list[dict[str, Any]] = page.items
     with ThreadPoolExecutor(max_workers=options.write_concurrency, thread_name_prefix="rewrite") as pool:
-        futures = []
-        for i, item in enumerate(items):
-            if stop.is_set():
-                break
-            if i % pace.batch == 0:
-                pace.admit(min(pace.batch, len(items) - i))
-            futures.append(
-                pool.submit(_write_one, api, ref, page, item, options, pace.before_write, sleep, tally, stop)
-            )
-        errors = [f.exception() for f in futures]
-    aborted = next((e for e in errors if isinstance(e, MigrationAborted)), None)
-    if aborted is not None:
-        raise aborted
-    unexpected = next((e for e in errors if e is not None), None)
-    if unexpected is not None:
-        raise unexpected
+        settled = _write_all(pool, ctx, page, items, pace, stop)
+        failed = [i for i, s in enumerate(settled) if s is not None and s.outcome == "failed"]
+        if failed:
+            ctx.await_ready()
+            again = _write_all(pool, ctx, page, [items[i] for i in failed], pace, stop, last_try=True)
+            for i, s in zip(failed, again, strict=False):
+                settled[i] = s if s is not None else settled[i]
+    for s in settled:
+        if s is not None:
+            tally.settle(s.outcome, s.failure, size=s.size)
     counts = tally.counts
     return ChunkResult(
         token_in=continue_token,
@@ -301,5 +474,7 @@ def migrate_chunk(
         remaining_item_count=page.remaining_item_count,
         relisted=relisted,
         retries=tally.retries,
+        settle_waits=tally.settle_waits,
+        second_tries=len(failed),
         bytes_received=page.response_bytes + tally.bytes,
     )

@@ -107,6 +107,28 @@ class Settings(BaseSettings):
         gt=0,
         description="Upper bound of one retry delay in seconds. Default 30.",
     )
+    apiserver_restart_window_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description=(
+            "Seconds after a connection error, timeout or 5xx during which a 401/403 is "
+            "taken as an API server settling after a restart (its RBAC caches not filled "
+            "yet) and waited out, not as a denial of the object. Default 60: a restarted "
+            "kube-apiserver fills its caches within seconds; a minute covers a slow one "
+            "without making real denials suspect for long. 0: only a failing /readyz counts."
+        ),
+    )
+    apiserver_settle_timeout_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description=(
+            "Longest wait, in seconds of backoff per request, for a settling API server "
+            "(401/403 while /readyz fails or right after errors), not counted in "
+            "max_write_attempts; also bounds the wait for /readyz before failed objects "
+            "of a chunk are tried once more. Default 120: two restarts of an upgrade; "
+            "bounded so that a real denial during an outage still ends (upstream issue #83)."
+        ),
+    )
     poll_seconds: float = Field(
         default=DEFAULT_POLL_SECONDS,
         gt=0,

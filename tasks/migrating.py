@@ -40,7 +40,7 @@ from storage_migrator.models import (
 from storage_migrator.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.settings import Settings
 from storage_migrator.targets import UnknownResource, resolve_target
-from tasks.common import PRIVATE, connected
+from tasks.common import PRIVATE, REQUEST_RETRIES, connected
 from tasks.write_budget import PrefectWriteBudget, RateLimitInfo
 
 
@@ -83,7 +83,7 @@ def _record(api: Any, handle: MigrationHandle) -> MigrationRecord:
     return MigrationRecord.open(api, name=handle.name, uid=handle.uid)
 
 
-@task(name="resolve-migration", **PRIVATE)
+@task(name="resolve-migration", **REQUEST_RETRIES, **PRIVATE)
 def resolve_migration(
     settings: Settings,
     *,
@@ -104,8 +104,7 @@ def resolve_migration(
                 existing = read_migration(api, migration)
             except NotFound as exc:
                 raise ValueError(
-                    f"{MIGRATIONS_KIND_NAME}/{migration} not found: list them with "
-                    f"`kubectl get {MIGRATIONS_KIND_NAME}`"
+                    f"{MIGRATIONS_KIND_NAME}/{migration} not found: list them with `kubectl get {MIGRATIONS_KIND_NAME}`"
                 ) from exc
             spec = existing.spec.resource
             base = MigrationHandle(name=migration, uid=existing.metadata.uid or "", group=spec.group,
@@ -141,7 +140,7 @@ def resolve_migration(
         )
 
 
-@task(name="start-migration", **PRIVATE)
+@task(name="start-migration", **REQUEST_RETRIES, **PRIVATE)
 def start_migration(settings: Settings, handle: MigrationHandle, *, flow_run: str | None) -> Checkpointed:
     """Mark the request Running and read where it stands (a resumed run continues)."""
     with connected(settings) as api:
@@ -184,6 +183,8 @@ def migrate_chunk_task(
         backoff_base_seconds=settings.backoff_base_seconds,
         backoff_max_seconds=settings.backoff_max_seconds,
         request_timeout_seconds=settings.request_timeout_seconds,
+        settle_window_seconds=settings.apiserver_restart_window_seconds,
+        settle_timeout_seconds=settings.apiserver_settle_timeout_seconds,
     )
     limiter = LocalRateLimiter(budget.writes_per_second, burst=min(budget.batch, settings.write_concurrency))
     # A chunk never needs more of the shared budget than it has objects.
@@ -192,7 +193,7 @@ def migrate_chunk_task(
         return migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer)
 
 
-@task(name="checkpoint", **PRIVATE)
+@task(name="checkpoint", **REQUEST_RETRIES, **PRIVATE)
 def checkpoint(
     settings: Settings,
     handle: MigrationHandle,
@@ -206,7 +207,7 @@ def checkpoint(
         _record(api, handle).save(token=token, progress=progress, failures=failures, now=_now())
 
 
-@task(name="finish-migration", **PRIVATE)
+@task(name="finish-migration", **REQUEST_RETRIES, **PRIVATE)
 def finish_migration(
     settings: Settings, handle: MigrationHandle, *, succeeded: bool, reason: str, message: str
 ) -> None:

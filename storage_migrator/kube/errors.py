@@ -51,6 +51,8 @@ __all__ = [
     "from_http_response",
     "from_transport_error",
     "is_retriable",
+    "is_server_trouble",
+    "is_settling_answer",
 ]
 
 #: Longest message kept in ``str()``: webhook denials can be long; logs need a line.
@@ -60,6 +62,8 @@ MAX_PLAIN_TEXT_CHARS: Final = 200
 
 #: Codes retried with backoff (DESIGN 4.5 table): 429, 500, 503, 504.
 RETRIABLE_CODES: Final = frozenset({429, 500, 503, 504})
+#: Codes a restarting API server gives until its authn/authz caches fill.
+SETTLING_CODES: Final = frozenset({401, 403})
 
 
 class StatusCause(TypedDict, total=False):
@@ -417,3 +421,26 @@ def is_retriable(error: BaseException) -> bool:
     if isinstance(error, KubeError):
         return error.code in RETRIABLE_CODES
     return False
+
+
+def is_server_trouble(error: BaseException) -> bool:
+    """Whether the API server itself failed: no answer at all, or a 5xx.
+
+    A 429 is not: the server is up and throttling. Seeing trouble makes a 401/403
+    that follows it suspect (``is_settling_answer``).
+    """
+    if isinstance(error, TransportError):
+        return True
+    return isinstance(error, KubeError) and error.code >= 500
+
+
+def is_settling_answer(error: BaseException) -> bool:
+    """Whether the answer may come from a server that is still starting (401, 403).
+
+    A kube-apiserver that has just (re)started answers 401/403 to requests it
+    allows a moment later, until its authentication and RBAC caches fill. The
+    code alone cannot tell that apart from a real denial: the caller retries such
+    an answer only while the server shows other signs of settling (recent
+    ``is_server_trouble``, or ``/readyz`` failing), see ``chunks.retry_step``.
+    """
+    return isinstance(error, KubeError) and not isinstance(error, TransportError) and error.code in SETTLING_CODES

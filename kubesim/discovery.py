@@ -7,6 +7,7 @@ resources carry none.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kubesim.resources import ResourceType, sort_versions
@@ -60,18 +61,19 @@ def resource_list(types: list[ResourceType], group: str, version: str) -> dict[s
     return doc
 
 
-def _group_versions(types: list[ResourceType]) -> dict[str, list[str]]:
+def _group_versions(types: list[ResourceType], extra: Sequence[tuple[str, str]] = ()) -> dict[str, list[str]]:
+    """Group -> served versions, newest first; `extra` adds (group, version) pairs of aggregated APIs."""
+    pairs = [(rt.group, v) for rt in types for v in rt.served_versions] + list(extra)
     groups: dict[str, list[str]] = {}
-    for rt in types:
-        versions = groups.setdefault(rt.group, [])
-        for v in rt.served_versions:
-            if v not in versions:
-                versions.append(v)
+    for group, version in pairs:
+        versions = groups.setdefault(group, [])
+        if version not in versions:
+            versions.append(version)
     return {g: sort_versions(vs) for g, vs in groups.items()}
 
 
-def api_group(types: list[ResourceType], group: str) -> dict[str, Any] | None:
-    versions = _group_versions(types).get(group)
+def api_group(types: list[ResourceType], group: str, extra: Sequence[tuple[str, str]] = ()) -> dict[str, Any] | None:
+    versions = _group_versions(types, extra).get(group)
     if not group or not versions:
         return None
     return {
@@ -101,10 +103,10 @@ def _group_order(group: str) -> tuple[int, str]:
     return (len(_BUILTIN_GROUP_ORDER), group)
 
 
-def api_group_list(types: list[ResourceType]) -> dict[str, Any]:
+def api_group_list(types: list[ResourceType], extra: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     groups = []
-    for group in sorted(_group_versions(types), key=_group_order):
-        doc = api_group(types, group)
+    for group in sorted(_group_versions(types, extra), key=_group_order):
+        doc = api_group(types, group, extra)
         if doc is not None:
             groups.append({k: v for k, v in doc.items() if k not in ("kind", "apiVersion")})
     return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
-from kubesim import health, openapi, protobuf, storageversions
+from kubesim import aggregation, health, openapi, openapi_v2, protobuf, storageversions
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
@@ -130,6 +130,7 @@ class ApiServer:
     ) -> None:
         self.registry = registry
         self.faults = Faults()
+        self.aggregated = aggregation.AggregatedCache()
         self.started_at = time.time()
         #: After a start, 403 to every API request for this long (kubesim/health.py).
         self.authz_warmup_seconds = authz_warmup_seconds
@@ -382,11 +383,19 @@ class Handler(BaseHTTPRequestHandler):
             code, text = health.health_answer(path, warming=self.api.warmup.active(), verbose="verbose" in query)
             self._send(code, text, headers={"X-Content-Type-Options": "nosniff"}, ctype="text/plain; charset=utf-8")
             return
+        parts = [x for x in path.split("/") if x]
+        if parts[:1] == ["apis"] and len(parts) >= 3 and aggregation.find(self._aggregated(), parts[1], parts[2]):
+            # kubesim proxies nothing: an aggregated API answers as one whose server is down,
+            # discovery included (kubectl: "unable to retrieve the complete list of server APIs").
+            self.api.faults.count("discovery" if len(parts) == 3 else "aggregated", "", bytes_in=len(raw))
+            self._send(503, aggregation.UNAVAILABLE_BODY, ctype="text/plain; charset=utf-8")
+            return
         if method == "GET":
             doc = self._static(path)
             if doc is not None:
                 self.api.faults.count("discovery", "", bytes_in=len(raw))
-                self._send(200, doc)
+                # bytes: the protobuf form of /openapi/v2, the only one kubectl reads
+                self._send(200, doc, ctype=openapi_v2.PROTOBUF if isinstance(doc, bytes) else "application/json")
                 return
         req = Request(method, path, query)
         if self.api.warmup.active():  # authorization runs before the resource is looked up
@@ -437,17 +446,20 @@ class Handler(BaseHTTPRequestHandler):
         self._send_error(err)
         return True
 
-    def _static(self, path: str) -> dict[str, Any] | None:
+    def _static(self, path: str) -> dict[str, Any] | bytes | None:
         registry = self.api.registry
         p = path.rstrip("/") or "/"
         if p == "/version":
             return dict(KUBE_VERSION)
-        if p in ("/healthz", "/livez", "/readyz"):
-            return None
         if p == "/api":
             return api_versions(f"{self.api.host}:{self.api.port}")
         if p == "/apis":
-            return api_group_list(registry.resource_types())
+            return api_group_list(registry.resource_types(), self._aggregated_pairs())
+        if p == "/openapi/v2":
+            types = registry.resource_types()
+            if openapi_v2.wants_protobuf(self.headers.get("Accept", "")):
+                return openapi_v2.protobuf(types)
+            return openapi_v2.document(types)
         if p.startswith("/openapi/"):
             doc = openapi.document(registry.resource_types(), p)
             if doc is None:
@@ -460,7 +472,7 @@ class Handler(BaseHTTPRequestHandler):
                 raise resource_not_found()
             return doc
         if parts[:1] == ["apis"] and len(parts) == 2:
-            doc = api_group(registry.resource_types(), parts[1])
+            doc = api_group(registry.resource_types(), parts[1], self._aggregated_pairs())
             if doc is None:
                 raise resource_not_found()
             return doc
@@ -470,6 +482,12 @@ class Handler(BaseHTTPRequestHandler):
                 raise resource_not_found()
             return doc
         return None
+
+    def _aggregated(self) -> list[aggregation.AggregatedGroupVersion]:
+        return self.api.aggregated.get(self.api.registry)
+
+    def _aggregated_pairs(self) -> list[tuple[str, str]]:
+        return [(a.group, a.version) for a in self._aggregated()]
 
     def do_HEAD(self) -> None:
         self._dispatch("GET")

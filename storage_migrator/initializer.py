@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.crds import CrdObservation, as_mapping
 from storage_migrator.dispatch import is_finished, migration_resource
-from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.kube.discovery import DiscoveredResource, GroupVersionFailure
 from storage_migrator.models import StorageVersionMigration, storage_state_name
 from storage_migrator.tracking import SkippedResource, track_storage
 
@@ -32,6 +32,7 @@ __all__ = [
     "Origin",
     "SkippedResource",
     "plan_initialization",
+    "unreachable_reason",
 ]
 
 Origin = Literal["built-in", "custom", "aggregated"]
@@ -92,6 +93,27 @@ class InitPlan(BaseModel):
     skipped: list[SkippedResource] = Field(
         default_factory=list, description="One entry per group-resource left out, sorted by group then resource."
     )
+    unreachable: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Group versions whose discovery failed (an aggregated API server down answers 503): "
+            "their resources are not known, so none was requested. Sorted."
+        ),
+    )
+
+    @property
+    def complete(self) -> bool:
+        """Whether every served group version was seen (else the run must say what it missed)."""
+        return not self.unreachable
+
+
+def unreachable_reason(failure: GroupVersionFailure) -> str:
+    """What an operator reads about a group version discovery could not read, and what to do."""
+    return (
+        f"{failure.group_version}: discovery answered {failure.code} {failure.reason} ({failure.message}); "
+        "its resources were not requested. Make the API service behind it available "
+        "(kubectl get apiservices.apiregistration.k8s.io) or remove it, then run initialize again"
+    )
 
 
 def _origin(entry: DiscoveredResource, *, crds: set[tuple[str, str]], aggregated: set[tuple[str, str]]) -> Origin:
@@ -112,8 +134,15 @@ def plan_initialization(
     existing: Sequence[StorageVersionMigration],
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    unreachable: Sequence[GroupVersionFailure] = (),
 ) -> InitPlan:
     """One migration request per persisted resource that is not already pending.
+
+    ``unreachable`` are the group versions discovery could not read. On a real
+    cluster that is most often an aggregated API whose server is down (503 from
+    the aggregator); refusing to plan anything then would leave every other
+    resource unmigrated because of, say, a broken metrics-server. They are
+    reported in the plan instead, and the flow ends Failed naming them.
 
     ``include`` / ``exclude`` name resources as ``<resource>`` (core) or
     ``<resource>.<group>``. They speak of storage: naming either of two
@@ -171,6 +200,7 @@ def plan_initialization(
 
     return InitPlan(
         requests=requests,
+        unreachable=sorted(unreachable_reason(f) for f in unreachable),
         skipped=[
             SkippedResource(group_resource=storage_state_name(group, resource), reason=reason)
             for (group, resource), reason in sorted(skipped.items())

@@ -12,7 +12,7 @@ from prefect import task
 
 from storage_migrator.crds import CrdObservation
 from storage_migrator.initializer import ApiServiceInfo, InitialRequest, InitPlan, plan_initialization
-from storage_migrator.kube.discovery import discover_resources
+from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.migrations import create_migration, list_migrations
@@ -32,14 +32,14 @@ def read_migrations(settings: Settings) -> list[StorageVersionMigration]:
 
 @task(name="plan-initialization", **PRIVATE)
 def plan_initial_requests(settings: Settings, *, include: list[str], exclude: list[str]) -> InitPlan:
-    """Discovery (all of it: no plan on a partial picture), CRDs, APIServices and requests, then the plan."""
+    """Discovery, CRDs, APIServices and requests, then the plan (which names what discovery missed)."""
     with connected(settings) as api:
-        discovered = discover_resources(api, timeout=settings.request_timeout_seconds)
+        found = discover(api, timeout=settings.request_timeout_seconds)
         crds = [c for c in (CrdObservation.from_object(o) for o in iterate_items(api, CRDS, limit=500)) if c]
         apiservices = [ApiServiceInfo.from_object(o) for o in iterate_items(api, APISERVICES, limit=500)]
         existing = list_migrations(api)
-    return plan_initialization(discovered, crds=crds, apiservices=apiservices, existing=existing,
-                               include=include, exclude=exclude)  # fmt: skip
+    return plan_initialization(found.resources, crds=crds, apiservices=apiservices, existing=existing,
+                               include=include, exclude=exclude, unreachable=found.failed)  # fmt: skip
 
 
 @task(name="create-requests", **PRIVATE)

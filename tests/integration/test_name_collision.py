@@ -10,53 +10,18 @@ docs and messages use are the ones that work.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
+from conftest import Kubectl, Kubesim
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from storage_migrator.kube.discovery import discover
 from storage_migrator.models import MIGRATIONS_KIND_NAME
-from conftest import Kubesim
 
 pytestmark = pytest.mark.integration
-
-VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
-
-
-def _machine_kubectl() -> str | None:
-    """The first kubectl on PATH outside the project's venv: what users have."""
-    for folder in os.environ.get("PATH", "").split(os.pathsep):
-        if not folder or Path(folder).resolve() == VENV_BIN.resolve():
-            continue
-        found = shutil.which("kubectl", path=folder)
-        if found:
-            return found
-    return None
-
-
-KUBECTLS = {"machine": _machine_kubectl(), "pinned": str(VENV_BIN / "kubectl")}
-
-
-@pytest.fixture(params=sorted(KUBECTLS))
-def kubectl(request: pytest.FixtureRequest, kubesim: Kubesim, tmp_path: Path) -> Any:
-    binary = KUBECTLS[request.param]
-    if not binary or not Path(binary).exists():
-        pytest.skip(f"no {request.param} kubectl on this machine")
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        # A HOME of the test's own: kubectl's discovery cache starts empty.
-        env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": kubesim.kubeconfig}
-        return subprocess.run([binary, *args], capture_output=True, text=True, timeout=60, env=env)
-
-    return run
 
 
 @pytest.fixture
@@ -101,7 +66,9 @@ def test_the_in_tree_api_is_served_only_behind_its_feature_gate(kubesim: Kubesim
         assert groups.index("storagemigration.k8s.io") < groups.index("migration.k8s.io")
         # Our detection sees it as a persisted resource of its own (docs/migrations.md).
         found = discover(api).resources
-        svm = next(r for r in found if r.group == "storagemigration.k8s.io" and r.resource == "storageversionmigrations")
+        svm = next(
+            r for r in found if r.group == "storagemigration.k8s.io" and r.resource == "storageversionmigrations"
+        )
         assert (svm.version, svm.kind, svm.namespaced) == ("v1beta1", "StorageVersionMigration", False)
         assert svm.storage_version_hash
     finally:
@@ -109,7 +76,7 @@ def test_the_in_tree_api_is_served_only_behind_its_feature_gate(kubesim: Kubesim
 
 
 def test_a_bare_name_resolves_to_the_in_tree_api_and_the_full_name_to_ours(
-    kubectl: Any, in_tree_api: None, succeeded_request: str
+    kubectl: Kubectl, in_tree_api: None, succeeded_request: str
 ) -> None:
     bare = kubectl("get", "storageversionmigrations", "-o", "name")
     assert bare.returncode == 0, bare.stderr
@@ -118,13 +85,17 @@ def test_a_bare_name_resolves_to_the_in_tree_api_and_the_full_name_to_ours(
     assert full.returncode == 0, full.stderr
     assert f"storageversionmigration.migration.k8s.io/{succeeded_request}" in full.stdout.splitlines()
 
-    waited = kubectl("wait", "--for=condition=Succeeded", f"{MIGRATIONS_KIND_NAME}/{succeeded_request}", "--timeout=20s")
+    waited = kubectl(
+        "wait", "--for=condition=Succeeded", f"{MIGRATIONS_KIND_NAME}/{succeeded_request}", "--timeout=20s"
+    )
     assert waited.returncode == 0, waited.stderr
-    wrong = kubectl("wait", "--for=condition=Succeeded", f"storageversionmigration/{succeeded_request}", "--timeout=3s")
+    wrong = kubectl(
+        "wait", "--for=condition=Succeeded", f"storageversionmigration/{succeeded_request}", "--timeout=3s", check=False
+    )
     assert wrong.returncode != 0  # waits on an in-tree object that does not exist
 
 
-def test_without_the_in_tree_api_the_bare_name_finds_ours(kubectl: Any, succeeded_request: str) -> None:
+def test_without_the_in_tree_api_the_bare_name_finds_ours(kubectl: Kubectl, succeeded_request: str) -> None:
     """The switch is what makes the collision visible: off, kubesim behaves as before."""
     bare = kubectl("get", "storageversionmigrations", "-o", "name")
     assert bare.returncode == 0, bare.stderr

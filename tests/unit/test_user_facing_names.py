@@ -26,7 +26,9 @@ SOURCES = [
     ROOT / "prefect.yaml",
 ]
 # A lowercase resource name (singular or plural, optionally `/name`) not followed by its group.
-BARE = re.compile(r"(?<![.\w])storage(?:versionmigration|state)s?\b(?!\.(?:storage)?migration\.k8s\.io)(?![\w.-]*\.(?:py|md))")
+BARE = re.compile(
+    r"(?<![.\w])storage(?:versionmigration|state)s?\b(?!\.(?:storage)?migration\.k8s\.io)(?![\w.-]*\.(?:py|md))"
+)
 # Where a name is an identifier, a path segment or a Python name, not something typed.
 NOT_TYPED = re.compile(r"(/apis/|resources?: \[|plural|STORAGE_|_KIND_NAME|import |def |\w_storage)")
 ON_PURPOSE = "in-tree"

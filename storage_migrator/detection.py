@@ -31,12 +31,44 @@ Our refinements of the seed, each one named where it is applied:
   storage version is when they run, and refinement only trusts a migration
   whose target hash is the current one.
 
+HA (seed 000, "Extended API proposal for HA cluster"; DESIGN 4.4). Each
+resource has reporters, one per API server (``reporters``; without any, one
+reporter showing the hash of ``discovered``: the single-server case is the
+one-reporter case of the same rules, not a second code path). Their list,
+``status.currentStorageVersionHashes``, is kept by
+:func:`storage_migrator.reporters.record_reports` (merge, heartbeats, removal
+after 3 silent periods). Then:
+
+- every hash a reporter shows joins ``persistedStorageVersionHashes`` at once;
+- the reporters *agree* when every entry was heard within one poll period and
+  all hashes are identical; ``status.currentStorageVersionHash`` (the non-HA
+  field, kept for tooling) is the agreed hash, and keeps its previous value
+  while they do not agree. A change of the agreed hash is a "change" as above;
+- as soon as the hashes differ, detection's unfinished migrations are deleted
+  and ``current-hash-since`` is dropped: no migration that ran while they
+  differed can refine the state; the clock restarts at the first poll that
+  sees agreement again;
+- a migration is requested only while they agree (and persisted holds
+  ``Unknown`` or more than one hash); refinement happens only while they agree.
+
+Where we depart from the seed's letter: it asks that the hashes "have been
+identical in the past two polls" before a migration starts, yet its own case
+walkthrough starts one at minute 20 right after minute 10's ``v2, v1, v1``, and
+again at 40 right after 30's ``v2, v2, v1``. The seed has one controller per
+API server, each polling on its own clock, so "two polls" there means "every
+reporter has reported since the change" ("to give newly deployed triggering
+controller a chance to report the hash"). One poll here reads every reporter
+at once, so the rule is "identical in this poll, every entry heard within one
+period"; the walkthrough table is replayed as a test (tests/unit/test_walkthrough.py).
+A change of the agreed hash still waits for the settle delay.
+
 Times in annotations are RFC 3339 with second precision (``metav1.Time``'s).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Final, Literal, TypeVar
 
@@ -50,6 +82,7 @@ from storage_migrator.models import (
     CONDITION_SUCCEEDED,
     UNKNOWN,
     StorageState,
+    StorageVersionHash,
     StorageVersionMigration,
     as_utc,
     format_time,
@@ -57,11 +90,13 @@ from storage_migrator.models import (
     is_condition_true,
     storage_state_name,
 )
+from storage_migrator.reporters import DISCOVERY_REPORTER, ReporterHash, ReporterRound, record_reports
 from storage_migrator.tracking import SkippedResource, track_storage
 
 __all__ = [
     "DETECTION_LABEL",
     "DETECTION_LABEL_VALUE",
+    "DISCOVERY_REPORTER",
     "SETTLE_ANNOTATION",
     "SINCE_ANNOTATION",
     "Action",
@@ -71,6 +106,7 @@ __all__ = [
     "DeleteMigration",
     "DetectionPlan",
     "DetectionSettings",
+    "ReporterHash",
     "TrimStoredVersions",
     "UpdateState",
     "format_time",
@@ -118,6 +154,15 @@ class DetectionSettings(BaseModel):
         gt=0,
         description="A heartbeat older than this (seconds) makes a StorageState stale: two poll periods (DESIGN 4.3).",
     )
+    poll_seconds: float = Field(
+        default=600,
+        gt=0,
+        description=(
+            "Period of the detection poll in seconds. Default 600 (seed 000: every 10 "
+            "minutes). A reporter not heard within one period blocks new migrations; one "
+            "silent for more than three periods is removed (seed 000, HA)."
+        ),
+    )
     retry_base_seconds: float = Field(
         default=600,
         gt=0,
@@ -147,6 +192,9 @@ class CreateState(_Action):
     persisted: list[str] = Field(description="status.persistedStorageVersionHashes.")
     heartbeat: datetime = Field(description="status.lastHeartbeatTime.")
     annotations: dict[str, str] = Field(description="metadata.annotations of the new object.")
+    current_hashes: list[StorageVersionHash] = Field(
+        default_factory=list, description="status.currentStorageVersionHashes: one entry per reporter (seed 000, HA)."
+    )
 
 
 class UpdateState(_Action):
@@ -160,10 +208,17 @@ class UpdateState(_Action):
     kind: Literal["UpdateState"] = "UpdateState"
     name: str
     resource_version: str = Field(description="metadata.resourceVersion of the object read (CAS); '' if it had none.")
-    current_hash: str
-    persisted: list[str]
-    heartbeat: datetime
+    current_hash: str = Field(description="status.currentStorageVersionHash: the last hash the reporters agreed on.")
+    persisted: list[str] = Field(description="status.persistedStorageVersionHashes.")
+    heartbeat: datetime = Field(description="status.lastHeartbeatTime.")
     annotations: dict[str, str]
+    current_hashes: list[StorageVersionHash] = Field(
+        default_factory=list,
+        description=(
+            "status.currentStorageVersionHashes, complete (merged and garbage collected): one "
+            "entry per reporter (seed 000, HA). Empty only in plans made before reporters existed."
+        ),
+    )
 
 
 class DeleteMigration(_Action):
@@ -288,14 +343,38 @@ def _retry_allowed_at(
     return max(ends) + timedelta(seconds=delay), len(failed)
 
 
-def _state_view(state: StorageState) -> tuple[str | None, list[str], datetime | None, dict[str, str]]:
-    status = state.status
-    return (
-        status.current_storage_version_hash,
-        list(status.persisted_storage_version_hashes),
-        status.last_heartbeat_time,
-        dict(state.metadata.annotations or {}),
-    )
+@dataclass(frozen=True)
+class _Observed:
+    """What one poll saw of one tracked resource."""
+
+    entry: DiscoveredResource
+    name: str
+    state: StorageState | None
+    migrations: list[StorageVersionMigration]
+    crd: CrdObservation | None
+    reports: list[tuple[str, str]]
+
+    @property
+    def pending(self) -> list[StorageVersionMigration]:
+        return [m for m in self.migrations if not is_finished(m)]
+
+
+@dataclass
+class _Draft:
+    """The new status of one StorageState, built step by step (see :func:`_plan_existing`)."""
+
+    previous: str | None
+    current: str
+    persisted: list[str]
+    annotations: dict[str, str]
+    since: datetime | None
+    settle_until: datetime | None
+    reasons: list[str] = field(default_factory=list)
+
+    def start_clock(self, now: datetime) -> None:
+        """The current hash is recorded from now on (SINCE_ANNOTATION)."""
+        self.since = now
+        self.annotations[SINCE_ANNOTATION] = format_time(now)
 
 
 def plan_detection(
@@ -306,10 +385,15 @@ def plan_detection(
     crds: Sequence[CrdObservation],
     now: datetime,
     settings: DetectionSettings,
+    reporters: Sequence[ReporterHash] = (),
 ) -> DetectionPlan:
     """The actions of one poll of seed 000's triggering controller.
 
     One tracked resource per storage (:func:`storage_migrator.tracking.track_storage`).
+    ``reporters`` are this poll's per-API-server hashes (seed 000, HA); a
+    tracked resource none of them names has one reporter,
+    :data:`~storage_migrator.reporters.DISCOVERY_REPORTER`, showing the hash
+    of ``discovered``: the single-server case, through the same rules.
     StorageStates whose resource is not in ``discovered`` are left alone (no
     action): the resource may be served again later (a CRD being re-created, an
     aggregated API server down, a partial discovery poll), and its state still
@@ -322,203 +406,318 @@ def plan_detection(
     migrations_of: dict[str, list[StorageVersionMigration]] = {}
     for migration in sorted(migrations, key=lambda m: m.metadata.name or ""):
         migrations_of.setdefault(migration_resource(migration), []).append(migration)
+    reports_of: dict[str, list[tuple[str, str]]] = {}
+    for report in reporters:
+        reports_of.setdefault(report.group_resource, []).append((report.reporter_id, report.hash))
 
     actions: list[Action] = []
     for entry in tracking.kept:
         name = storage_state_name(entry.group, entry.resource)
         # Every name of the storage counts (events and events.events.k8s.io are one storage).
-        own = [m for alias in tracking.sharers.get(name, [name]) for m in migrations_of.get(alias, [])]
-        actions.extend(
-            _plan_resource(
-                entry=entry,
-                name=name,
-                state=by_name.get(name),
-                migrations=own,
-                crd=crds_by_resource.get((entry.group, entry.resource)),
-                now=now,
-                settings=settings,
-            )
+        aliases = tracking.sharers.get(name, [name])
+        reports = [r for alias in aliases for r in reports_of.get(alias, [])]
+        observed = _Observed(
+            entry=entry,
+            name=name,
+            state=by_name.get(name),
+            migrations=[m for alias in aliases for m in migrations_of.get(alias, [])],
+            crd=crds_by_resource.get((entry.group, entry.resource)),
+            reports=reports or [(DISCOVERY_REPORTER, entry.storage_version_hash)],
         )
+        if observed.state is None:
+            actions.extend(_plan_new(observed, now=now, settings=settings))
+        else:
+            actions.extend(_plan_existing(observed, observed.state, now=now, settings=settings))
     return DetectionPlan(actions=actions, skipped=tracking.skipped_resources())
 
 
-def _plan_resource(
+def _plan_new(observed: _Observed, *, now: datetime, settings: DetectionSettings) -> list[Action]:
+    """Seed 000: "if the storageState doesn't exist for the resource, the controller ...
+
+    creates a new storageVersionMigration for this resource, creates the
+    storageState for the resource, setting .status.persistedStorageVersionHashes
+    to ["Unknown"], and setting status.currentStorageVersionHash to the value
+    shown in the discovery document." A pending migration already requested (by
+    anyone) is kept instead of a second one: seed 003 runs them serially. While
+    the reporters disagree there is no current hash to migrate to: the state
+    records the discovery document's hash and waits (no SINCE, no request).
+    """
+    entry = observed.entry
+    reporters = record_reports([], observed.reports, now=now, poll_seconds=settings.poll_seconds)
+    actions: list[Action] = [
+        CreateState(
+            name=observed.name,
+            group=entry.group,
+            resource=entry.resource,
+            current_hash=reporters.agreed or entry.storage_version_hash,
+            persisted=[UNKNOWN],
+            heartbeat=now,
+            annotations={SINCE_ANNOTATION: format_time(now)} if reporters.agreed else {},
+            current_hashes=reporters.entries,
+            reason="no StorageState: created with persisted [Unknown] (seed 000)"
+            + ("" if reporters.agreed else f"; reporters disagree ({_describe(reporters)})"),
+        )
+    ]
+    if reporters.agreed and not observed.pending:
+        actions.append(
+            _create_migration(entry, reporters.agreed, "new StorageState: migrate to learn what is stored (seed 000)")
+        )
+    return actions
+
+
+def _plan_existing(
+    observed: _Observed, state: StorageState, *, now: datetime, settings: DetectionSettings
+) -> list[Action]:
+    """One poll of a tracked resource that has a StorageState: deletions, the update, a trim, a request."""
+    reporters = record_reports(
+        state.status.current_storage_version_hashes, observed.reports, now=now, poll_seconds=settings.poll_seconds
+    )
+    draft = _draft_of(state, reporters, fallback=observed.entry.storage_version_hash)
+    changed = reporters.agreed is not None and reporters.agreed != draft.previous
+    deletions = _cancellations(observed, draft, reporters, changed=changed)
+    _record_hashes(draft, state, reporters, now=now, settings=settings, changed=changed)
+    if changed:
+        _settle(draft, now=now, settings=settings)
+    if reporters.disagree:
+        _forget_since(draft, reporters)
+    proof = _refine(draft, observed.migrations, reporters)
+    update = UpdateState(
+        name=observed.name,
+        resource_version=state.metadata.resource_version or "",
+        current_hash=draft.current,
+        persisted=draft.persisted,
+        heartbeat=now,
+        annotations=draft.annotations,
+        current_hashes=reporters.entries,
+        reason="; ".join(draft.reasons),
+    )
+    actions: list[Action] = [*deletions, update]
+    trim = _trim(observed, draft.current, proof)
+    if trim is not None:
+        actions.append(trim)
+    request = _request(observed, draft, reporters, deleted={d.name for d in deletions}, now=now, settings=settings)
+    if request is not None:
+        actions.append(request)
+    return actions
+
+
+def _draft_of(state: StorageState, reporters: ReporterRound, *, fallback: str) -> _Draft:
+    """The status as read; ``current`` already the agreed hash, or kept while there is none."""
+    status = state.status
+    annotations = dict(state.metadata.annotations or {})
+    previous = status.current_storage_version_hash
+    return _Draft(
+        previous=previous,
+        # Seed 000 HA: the hash moves only on agreement; status.currentStorageVersionHash
+        # (the non-HA field, for tooling) keeps the last agreed hash meanwhile.
+        current=reporters.agreed or previous or fallback,
+        persisted=list(status.persisted_storage_version_hashes),
+        annotations=annotations,
+        since=parse_time(annotations.get(SINCE_ANNOTATION)),
+        settle_until=parse_time(annotations.get(SETTLE_ANNOTATION)),
+    )
+
+
+def _cancellations(
+    observed: _Observed, draft: _Draft, reporters: ReporterRound, *, changed: bool
+) -> list[DeleteMigration]:
+    """Detection's unfinished migrations to delete: on a change of the agreed hash, or on disagreement.
+
+    Seed 000: "stops any ongoing migration of this resource by deleting existing
+    storageVersionMigrations" (on a change), and for HA the leader "deletes
+    pending storageVersionMigration objects to cancel any ongoing migration, once
+    the hashes in currentStorageVersionHashes stop being identical" -- only
+    ours; see the module docstring.
+    """
+    if changed:
+        reason = f"storage version hash changed from {draft.previous} to {draft.current}"
+    elif reporters.disagree:
+        reason = f"API servers disagree on the storage version hash ({_describe(reporters)})"
+    else:
+        return []
+    return [
+        DeleteMigration(name=m.metadata.name, uid=m.metadata.uid, reason=reason)
+        for m in observed.pending
+        if _is_detection_migration(m) and m.metadata.name
+    ]
+
+
+def _record_hashes(
+    draft: _Draft,
+    state: StorageState,
+    reporters: ReporterRound,
     *,
-    entry: DiscoveredResource,
-    name: str,
-    state: StorageState | None,
-    migrations: list[StorageVersionMigration],
-    crd: CrdObservation | None,
     now: datetime,
     settings: DetectionSettings,
-) -> list[Action]:
-    observed = entry.storage_version_hash
-    stamp = format_time(now)
-    pending = [m for m in migrations if not is_finished(m)]
-    actions: list[Action] = []
-
-    if state is None:
-        # Seed 000: "if the storageState doesn't exist for the resource, the controller
-        # ... creates a new storageVersionMigration for this resource, creates the
-        # storageState for the resource, setting .status.persistedStorageVersionHashes
-        # to ["Unknown"], and setting status.currentStorageVersionHash to the value
-        # shown in the discovery document." A pending migration already requested
-        # (by anyone) is kept instead of a second one: seed 003 runs them serially.
-        actions.append(
-            CreateState(
-                name=name,
-                group=entry.group,
-                resource=entry.resource,
-                current_hash=observed,
-                persisted=[UNKNOWN],
-                heartbeat=now,
-                annotations={SINCE_ANNOTATION: stamp},
-                reason="no StorageState: created with persisted [Unknown] (seed 000)",
-            )
-        )
-        if not pending:
-            actions.append(_create_migration(entry, "new StorageState: migrate to learn what is stored (seed 000)"))
-        return actions
-
-    current, persisted, heartbeat, annotations = _state_view(state)
-    since = parse_time(annotations.get(SINCE_ANNOTATION))
-    settle_until = parse_time(annotations.get(SETTLE_ANNOTATION))
-    changed = current != observed
+    changed: bool,
+) -> None:
+    """Persisted hashes and SINCE: stale reset, change, or heartbeat; then every hash seen joins."""
+    heartbeat = state.status.last_heartbeat_time
     stale = heartbeat is None or (now - heartbeat).total_seconds() > settings.stale_after_seconds
-    reasons: list[str] = []
-    deleted: set[str] = set()
-
-    if changed:
-        # Seed 000: "stops any ongoing migration of this resource by deleting existing
-        # storageVersionMigrations" -- only ours; see the module docstring.
-        for migration in pending:
-            if _is_detection_migration(migration) and migration.metadata.name:
-                deleted.add(migration.metadata.name)
-                actions.append(
-                    DeleteMigration(
-                        name=migration.metadata.name,
-                        uid=migration.metadata.uid,
-                        reason=f"storage version hash changed from {current} to {observed}",
-                    )
-                )
-
-    if stale or not persisted or current is None:
+    if stale or not draft.persisted or draft.previous is None:
         # Seed 000: "if the timestamp is more than 10 minutes old, it recreates
         # storageState object with persistedStorageVersionHashes set to ["Unknown"]"
         # (two poll periods here, DESIGN 4.3). A state without a heartbeat, a current
-        # hash or a persisted list is as untrustworthy.
-        persisted = [UNKNOWN]
-        since = now
-        annotations[SINCE_ANNOTATION] = stamp
+        # hash or a persisted list is as untrustworthy. "Unknown" covers every hash seen.
+        draft.persisted = [UNKNOWN]
+        draft.start_clock(now)
         if stale:
             age = "no heartbeat" if heartbeat is None else f"heartbeat {format_time(heartbeat)}"
-            reasons.append(f"stale ({age}, older than {settings.stale_after_seconds:g}s): persisted reset to [Unknown]")
+            draft.reasons.append(
+                f"stale ({age}, older than {settings.stale_after_seconds:g}s): persisted reset to [Unknown]"
+            )
         else:
-            reasons.append("incomplete status: persisted reset to [Unknown]")
-    elif changed:
+            draft.reasons.append("incomplete status: persisted reset to [Unknown]")
+        return
+    if changed:
         # Seed 000: "as a single operation, updates the status.lastHeartbeatTime, sets
         # storageState.status.currentStorageVersionHash to the value shown in the
         # discovery document, and appends the hash to the
-        # storageState.status.persistedStorageVersionHashes."
-        if observed not in persisted:
-            persisted.append(observed)
-        since = now
-        annotations[SINCE_ANNOTATION] = stamp
-        reasons.append(f"storage version hash changed from {current} to {observed}")
+        # storageState.status.persistedStorageVersionHashes" (appended below).
+        draft.start_clock(now)
+        draft.reasons.append(f"storage version hash changed from {draft.previous} to {draft.current}")
     else:
         # Seed 000: "If they are the same, the controller simply updates the
         # status.lastHeartbeatTime and is done."
-        reasons.append("heartbeat")
-        if since is None:
-            # Without the time the hash was recorded no migration can prove it
-            # rewrote everything to it; start the clock now (a new migration follows).
-            since = now
-            annotations[SINCE_ANNOTATION] = stamp
-            reasons.append(f"no {SINCE_ANNOTATION} annotation: set to now")
-
-    if changed:
-        # Seed 004's loose guarantee: let API servers agree before migrating.
-        if settings.settle_seconds > 0:
-            settle_until = now + timedelta(seconds=settings.settle_seconds)
-            annotations[SETTLE_ANNOTATION] = format_time(settle_until)
-        else:
-            settle_until = None
-            annotations.pop(SETTLE_ANNOTATION, None)
-
+        draft.reasons.append("heartbeat")
+        if draft.since is None and reporters.agreed is not None:
+            # Without the time the hash was recorded (or agreed on again, see
+            # _forget_since) no migration can prove it rewrote everything to it;
+            # start the clock now (a new migration follows).
+            draft.start_clock(now)
+            draft.reasons.append(f"no {SINCE_ANNOTATION} annotation: set to now")
+    # Seed 000 HA: every reporter "adds the storage version hash to
+    # PersistedStorageVersionHashes if the local storage version hash is not present
+    # there yet". A hash already recorded as current is covered by "Unknown" (a fresh
+    # ["Unknown"] stays as it is, as in the single-server rule).
+    for hash_ in reporters.seen:
+        covered = UNKNOWN in draft.persisted and hash_ == draft.previous
+        if hash_ not in draft.persisted and not covered:
+            draft.persisted.append(hash_)
     # The current hash is always covered by the persisted ones (objects written from
-    # now on are encoded in it); "Unknown" covers every version, as seed 000's
-    # fresh ["Unknown"] does.
-    if observed not in persisted and UNKNOWN not in persisted:
-        persisted.append(observed)
+    # now on are encoded in it); "Unknown" covers every version.
+    if draft.current not in draft.persisted and UNKNOWN not in draft.persisted:
+        draft.persisted.append(draft.current)
 
-    # Refinement. Seed 000: "If a migration completes, the controller finds the
-    # storageState of that resource, updates its status.persistedStorageVersionHashes
-    # to equal its status.currentStorageVersionHash" -- only a Succeeded migration to
-    # the current hash that started after the hash was recorded (DESIGN 4.3).
+
+def _settle(draft: _Draft, *, now: datetime, settings: DetectionSettings) -> None:
+    """Seed 004's loose guarantee: after a change of the agreed hash, wait before migrating."""
+    if settings.settle_seconds > 0:
+        draft.settle_until = now + timedelta(seconds=settings.settle_seconds)
+        draft.annotations[SETTLE_ANNOTATION] = format_time(draft.settle_until)
+    else:
+        draft.settle_until = None
+        draft.annotations.pop(SETTLE_ANNOTATION, None)
+
+
+def _forget_since(draft: _Draft, reporters: ReporterRound) -> None:
+    """While API servers disagree, no migration can prove anything: drop SINCE.
+
+    Objects may be written in any of the reported versions until they agree
+    again, so the clock restarts at the first poll that sees agreement (the
+    "no SINCE" rule of :func:`_record_hashes`): a migration that ran during the
+    disagreement (seed 000's walkthrough: started at 20, server 3 rolled back at
+    22) never refines the state.
+    """
+    draft.since = None
+    draft.annotations.pop(SINCE_ANNOTATION, None)
+    draft.reasons.append(f"API servers disagree ({_describe(reporters)}): current hash kept, no migration")
+
+
+def _refine(
+    draft: _Draft, migrations: list[StorageVersionMigration], reporters: ReporterRound
+) -> StorageVersionMigration | None:
+    """Refinement: the Succeeded migration that makes persisted ``[current]``, if any.
+
+    Seed 000: "If a migration completes, the controller finds the storageState of
+    that resource, updates its status.persistedStorageVersionHashes to equal its
+    status.currentStorageVersionHash" -- only while the API servers agree, and
+    only a Succeeded migration to the current hash that started after the hash
+    was recorded (DESIGN 4.3).
+    """
+    if reporters.agreed is None:
+        return None
+    current = draft.current
     proof = next(
         (
             m
             for m in reversed(migrations)
-            if is_condition_true(m.status.conditions, CONDITION_SUCCEEDED) and _proves(m, current=observed, since=since)
+            if is_condition_true(m.status.conditions, CONDITION_SUCCEEDED)
+            and _proves(m, current=current, since=draft.since)
         ),
         None,
     )
-    if proof is not None and persisted != [observed]:
-        persisted = [observed]
-        reasons.append(f"refined: migration {proof.metadata.name} succeeded to {observed}")
+    if proof is not None and draft.persisted != [current]:
+        draft.persisted = [current]
+        draft.reasons.append(f"refined: migration {proof.metadata.name} succeeded to {current}")
+    return proof
 
-    actions.append(
-        UpdateState(
-            name=name,
-            resource_version=state.metadata.resource_version or "",
-            current_hash=observed,
-            persisted=persisted,
-            heartbeat=now,
-            annotations=annotations,
-            reason="; ".join(reasons),
-        )
+
+def _trim(observed: _Observed, current: str, proof: StorageVersionMigration | None) -> TrimStoredVersions | None:
+    """DESIGN 4.3: for custom resources, refinement also trims the CRD's status.storedVersions.
+
+    So the old version can be removed from the CRD; never when the CRD's storage
+    version no longer hashes to the current one (edited meanwhile: discovery has
+    not caught up).
+    """
+    crd = observed.crd
+    if proof is None or crd is None or crd.storage_version_hash != current:
+        return None
+    if crd.stored_versions == [crd.storage_version]:
+        return None
+    return TrimStoredVersions(
+        crd_name=crd.name,
+        stored_versions=[crd.storage_version],
+        resource_version=crd.resource_version,
+        reason=f"every {observed.name} is stored in {crd.storage_version} (migration {proof.metadata.name})",
     )
 
-    # DESIGN 4.3: for custom resources, refinement also trims the CRD's
-    # status.storedVersions so the old version can be removed from the CRD; never
-    # when the CRD's storage version no longer hashes to the current one (edited
-    # meanwhile: discovery has not caught up).
-    if (
-        proof is not None
-        and crd is not None
-        and crd.storage_version_hash == observed
-        and crd.stored_versions != [crd.storage_version]
-    ):
-        actions.append(
-            TrimStoredVersions(
-                crd_name=crd.name,
-                stored_versions=[crd.storage_version],
-                resource_version=crd.resource_version,
-                reason=f"every {name} is stored in {crd.storage_version} (migration {proof.metadata.name})",
-            )
-        )
 
-    if persisted == [observed]:
-        return actions
-    if settle_until is not None and now < settle_until:
-        return actions
-    if any(m.metadata.name not in deleted for m in pending):
-        return actions
-    allowed_at, failures = _retry_allowed_at(migrations, current=observed, since=since, settings=settings)
+def _request(
+    observed: _Observed,
+    draft: _Draft,
+    reporters: ReporterRound,
+    *,
+    deleted: set[str | None],
+    now: datetime,
+    settings: DetectionSettings,
+) -> CreateMigration | None:
+    """The migration to request, if any (seed 000 HA's three conditions, and our refinements).
+
+    Seed 000: "persistedStorageVersionHashes has "Unknown" or has more than one
+    version, AND the lastHeartbeatTime in all items of the
+    CurrentStorageVersionHashes are no older than 1 polling period (10 mins) AND
+    the hashes in currentStorageVersionHashes have been identical" (in this poll:
+    see the module docstring); then the settle delay, no other pending request,
+    and the back-off after failures.
+    """
+    current = draft.current
+    if reporters.agreed is None or draft.persisted == [current]:
+        return None
+    if draft.settle_until is not None and now < draft.settle_until:
+        return None
+    if any(m.metadata.name not in deleted for m in observed.pending):
+        return None
+    allowed_at, failures = _retry_allowed_at(observed.migrations, current=current, since=draft.since, settings=settings)
     if allowed_at is not None and now < allowed_at:
-        return actions
-    why = f"persisted {persisted} is not [{observed}]"
+        return None
+    why = f"persisted {draft.persisted} is not [{current}]"
     if failures:
         why += f"; retry after {failures} failed attempt(s)"
-    actions.append(_create_migration(entry, why))
-    return actions
+    return _create_migration(observed.entry, current, why)
 
 
-def _create_migration(entry: DiscoveredResource, reason: str) -> CreateMigration:
+def _describe(reporters: ReporterRound) -> str:
+    """``api-1=hashA, api-2=hashB (late: api-3)`` for a reason text."""
+    text = ", ".join(f"{e.reporter_id}={e.current_storage_version_hash}" for e in reporters.entries)
+    return text + (f" (late: {', '.join(reporters.late)})" if reporters.late else "")
+
+
+def _create_migration(entry: DiscoveredResource, target: str, reason: str) -> CreateMigration:
     return CreateMigration(
         group=entry.group,
         version=entry.version,
         resource=entry.resource,
-        target_hash=entry.storage_version_hash,
+        target_hash=target,
         reason=reason,
     )

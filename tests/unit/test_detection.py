@@ -14,11 +14,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from storage_migrator.detection import (
     DETECTION_LABEL,
+    DISCOVERY_REPORTER,
     SETTLE_ANNOTATION,
     SINCE_ANNOTATION,
     CrdObservation,
@@ -27,6 +28,7 @@ from storage_migrator.detection import (
     DeleteMigration,
     DetectionPlan,
     DetectionSettings,
+    ReporterHash,
     TrimStoredVersions,
     UpdateState,
     format_time,
@@ -47,6 +49,7 @@ from storage_migrator.models import (
     StorageState,
     StorageStateSpec,
     StorageStateStatus,
+    StorageVersionHash,
     StorageVersionMigration,
     is_condition_true,
     new_storage_version_migration,
@@ -941,3 +944,260 @@ def test_one_poll_keeps_current_in_persisted(
     assert observed in update.persisted or UNKNOWN in update.persisted
     if UNKNOWN in persisted:
         assert UNKNOWN in update.persisted, "no migration succeeded: Unknown stays"
+
+
+# --- seed 000, HA: reporters (one per API server) -------------------------------------------
+# The rules of "Extending the work flow of the triggering controller"; the case
+# walkthrough table itself is tests/unit/test_walkthrough.py.
+
+PERIOD = DetectionSettings(settle_seconds=0, stale_after_seconds=1200, poll_seconds=600)
+
+
+def reporters(**hashes: str) -> list[ReporterHash]:
+    return [ReporterHash(reporter_id=rid, group="batch", resource="cronjobs", hash=h) for rid, h in hashes.items()]
+
+
+def with_reporters(s: StorageState, *entries: tuple[str, str, datetime]) -> StorageState:
+    listed = [
+        StorageVersionHash(reporterID=r, current_storage_version_hash=h, last_heartbeat_time=t) for r, h, t in entries
+    ]
+    return s.model_copy(update={"status": s.status.model_copy(update={"current_storage_version_hashes": listed})})
+
+
+def ha_plan(
+    reports: list[ReporterHash],
+    states: list[StorageState],
+    migrations: list[StorageVersionMigration] = (),  # type: ignore[assignment]
+    *,
+    now: datetime,
+    s: DetectionSettings = PERIOD,
+) -> DetectionPlan:
+    return plan_detection(
+        discovered=[disc(hash_=reports[0].hash if reports else A)],
+        reporters=reports,
+        states=states,
+        migrations=migrations,
+        crds=[],
+        now=now,
+        settings=s,
+    )
+
+
+def test_single_server_is_one_discovery_reporter() -> None:
+    now = T0 + 10 * MIN
+    p = plan([disc(hash_=A)], [state(A, [A])], now=now)
+    (entry,) = the_update(p).current_hashes
+    assert (entry.reporter_id, entry.current_storage_version_hash, entry.last_heartbeat_time) == (
+        DISCOVERY_REPORTER,
+        A,
+        now,
+    )
+    (create,) = plan([disc(hash_=A)], now=now).of_kind(CreateState)
+    assert [e.reporter_id for e in create.current_hashes] == [DISCOVERY_REPORTER]
+
+
+def test_a_new_reporters_hash_joins_persisted_at_once() -> None:
+    # Seed 000: every reporter "adds the storage version hash to
+    # PersistedStorageVersionHashes if the local storage version hash is not present
+    # there yet" -- even while no migration may start.
+    now = T0 + 10 * MIN
+    old = with_reporters(state(A, [A]), ("api-1", A, T0), ("api-2", A, T0))
+    p = ha_plan(reporters(**{"api-1": A, "api-2": A, "api-3": B}), [old], now=now)
+    update = the_update(p)
+    assert update.persisted == [A, B]
+    assert update.current_hash == A, "no agreement on B: the non-HA field keeps the agreed hash"
+    assert {e.reporter_id: e.current_storage_version_hash for e in update.current_hashes} == {
+        "api-1": A,
+        "api-2": A,
+        "api-3": B,
+    }
+    assert not p.creates_migrations
+
+
+def test_a_silent_reporter_blocks_requests_until_collected() -> None:
+    # Seed 000: a migration starts only if "the lastHeartbeatTime in all items of the
+    # CurrentStorageVersionHashes are no older than 1 polling period (10 mins)"; the
+    # silent entry is removed once "more than 3 polling periods (30 mins) old".
+    silent_since = T0
+    old = with_reporters(state(B, [A, B], since=T0 - 60 * MIN), ("api-1", B, T0), ("gone", B, silent_since))
+    for minutes, collected in [(10, False), (11, False), (30, False), (31, True)]:
+        now = silent_since + minutes * MIN
+        fresh = old.model_copy(update={"status": old.status.model_copy(update={"last_heartbeat_time": now - MIN})})
+        p = ha_plan(reporters(**{"api-1": B}), [fresh], now=now)
+        ids = [e.reporter_id for e in the_update(p).current_hashes]
+        assert ("gone" in ids) == (not collected)
+        # Heard exactly one period ago still counts; later it blocks until collected.
+        assert p.creates_migrations == (minutes == 10 or collected), minutes
+
+
+def test_a_late_reporter_with_the_same_hash_does_not_cancel() -> None:
+    # Seed 000 cancels "once the hashes ... stop being identical": silence alone does not.
+    now = T0 + 25 * MIN
+    old = with_reporters(state(B, [A, B], since=T0, heartbeat=now - MIN), ("api-1", B, T0), ("api-2", B, T0))
+    running = migration("ours", phase="Running", target=B, started=T0 + MIN)
+    p = ha_plan(reporters(**{"api-1": B}), [old], [running], now=now)
+    assert kinds(p) == ["UpdateState"]
+    assert the_update(p).annotations[SINCE_ANNOTATION] == format_time(T0)
+
+
+@pytest.mark.parametrize(
+    "pending",
+    [
+        migration("ours-pending"),
+        migration("ours-running", phase="Running", target=B, started=T0 + MIN),
+    ],
+)
+def test_disagreement_cancels_our_migrations(pending: StorageVersionMigration) -> None:
+    # Seed 000: the leader "deletes pending storageVersionMigration objects to cancel any
+    # ongoing migration, once the hashes in currentStorageVersionHashes stop being identical".
+    now = T0 + 10 * MIN
+    old = with_reporters(state(B, [A, B]), ("api-1", B, T0), ("api-2", B, T0))
+    kubectl = migration("by-kubectl", ours=False)
+    p = ha_plan(reporters(**{"api-1": B, "api-2": A}), [old], [pending, kubectl], now=now)
+    assert [d.name for d in p.of_kind(DeleteMigration)] == [pending.metadata.name]
+    update = the_update(p)
+    assert update.current_hash == B
+    assert SINCE_ANNOTATION not in update.annotations
+    assert not p.creates_migrations
+
+
+def test_a_migration_that_ran_during_disagreement_never_refines() -> None:
+    # Seed 000's walkthrough, had the migration of minute 20 finished before the poll
+    # of 30: server 3 wrote v1 objects from 22 on, so it proves nothing, even when the
+    # servers agree on v2 again at 40.
+    old = with_reporters(state(B, [A, B], since=T0), ("api-1", B, T0), ("api-2", B, T0), ("api-3", B, T0))
+    done = migration("m", phase="Succeeded", target=B, started=T0 + MIN, finished=T0 + 8 * MIN)
+    at_30 = ha_plan(reporters(**{"api-1": B, "api-2": B, "api-3": A}), [old], [done], now=T0 + 10 * MIN)
+    update = the_update(at_30)
+    assert update.persisted == [A, B], "never refined while they disagree"
+    assert SINCE_ANNOTATION not in update.annotations
+    after = with_reporters(
+        state(B, [A, B], since=None, heartbeat=T0 + 10 * MIN),
+        *((e.reporter_id, e.current_storage_version_hash, T0 + 10 * MIN) for e in update.current_hashes),
+    )
+    at_40 = ha_plan(reporters(**{"api-1": B, "api-2": B, "api-3": B}), [after], [done], now=T0 + 20 * MIN)
+    update = the_update(at_40)
+    assert update.persisted == [A, B]
+    assert update.annotations[SINCE_ANNOTATION] == format_time(T0 + 20 * MIN), "the clock restarts on agreement"
+    assert [c.target_hash for c in at_40.of_kind(CreateMigration)] == [B]
+
+
+def test_new_state_while_reporters_disagree() -> None:
+    p = ha_plan(reporters(**{"api-1": B, "api-2": A}), [], now=T0)
+    (create,) = p.of_kind(CreateState)
+    assert create.persisted == [UNKNOWN]
+    assert create.current_hash == B, "the discovery document's hash until they agree"
+    assert create.annotations == {}
+    assert not p.creates_migrations
+    agreed = ha_plan(reporters(**{"api-1": B, "api-2": B}), [], now=T0)
+    assert [c.target_hash for c in agreed.of_kind(CreateMigration)] == [B]
+
+
+def test_reports_under_a_sharing_name_count() -> None:
+    h = storage_version_hash("", "v1", "Event")
+    discovered = [disc("events", h, group="", kind="Event"), disc("events", h, group="events.k8s.io", kind="Event")]
+    reports = [
+        ReporterHash(reporter_id="api-1", group="", resource="events", hash=h),
+        ReporterHash(reporter_id="api-2", group="events.k8s.io", resource="events", hash="other="),
+    ]
+    p = plan_detection(
+        discovered=discovered, reporters=reports, states=[], migrations=[], crds=[], now=T0, settings=PERIOD
+    )
+    (create,) = p.of_kind(CreateState)
+    assert [e.reporter_id for e in create.current_hashes] == ["api-1", "api-2"]
+    assert not p.creates_migrations
+
+
+SERVERS = ["api-1", "api-2", "api-3"]
+ha_step = st.one_of(
+    st.tuples(st.just("poll"), st.integers(0, 40)),
+    st.tuples(st.just("switch"), st.sampled_from(SERVERS), st.sampled_from([A, B, C])),
+    st.tuples(st.just("silence"), st.sampled_from(SERVERS)),  # the server stops answering
+    st.tuples(st.just("run"), st.booleans(), st.integers(0, 5)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(ha_step, max_size=40), settle=st.sampled_from([0, 60]))
+# A migration succeeds, then a server is rolled back and upgraded again (seed 000's walkthrough).
+@example(
+    steps=[("poll", 0), ("run", True, 1), ("switch", "api-3", B), ("poll", 10), ("switch", "api-3", A), ("poll", 10)],
+    settle=0,
+)
+def test_ha_invariants_over_random_histories(steps: list[tuple[Any, ...]], settle: int) -> None:
+    s = DetectionSettings(settle_seconds=settle, stale_after_seconds=1200, poll_seconds=600)
+    cluster = Cluster()
+    servers: dict[str, str | None] = dict.fromkeys(SERVERS, A)
+    name = "cronjobs.batch"
+    t = T0
+    last_disagreement: datetime | None = None
+    for item in [*steps, ("poll", 0)]:
+        if item[0] == "poll":
+            t += timedelta(minutes=item[1])
+            answering = {r: h for r, h in servers.items() if h is not None}
+            reports = reporters(**answering) if answering else []
+            old = cluster.states.get(name)
+            p = plan_detection(
+                discovered=[disc(hash_=A)],
+                reporters=reports,
+                states=list(cluster.states.values()),
+                migrations=list(cluster.migrations.values()),
+                crds=[],
+                now=t,
+                settings=s,
+            )
+            (written,) = p.of_kind(UpdateState) or p.of_kind(CreateState)
+            entries = {e.reporter_id: e for e in written.current_hashes}
+            hashes = {e.current_storage_version_hash for e in entries.values()}
+            heard = all(
+                (t - e.last_heartbeat_time).total_seconds() <= 600 for e in entries.values() if e.last_heartbeat_time
+            )
+            agree = len(hashes) == 1 and heard
+            persisted = written.persisted
+            # Every hash a reporter shows is covered; the current hash too.
+            assert all(h in persisted for h in hashes) or UNKNOWN in persisted
+            assert written.current_hash in persisted or UNKNOWN in persisted
+            if not agree:
+                assert not p.creates_migrations, "no migration while the reporters disagree"
+                assert "refined" not in written.reason, "never refined while they disagree"
+                if old is not None:
+                    assert written.current_hash == old.status.current_storage_version_hash
+            if len(hashes) > 1:
+                ours = [m for m in cluster.pending(name) if DETECTION_LABEL in (m.metadata.labels or {})]
+                assert sorted(d.name for d in p.of_kind(DeleteMigration)) == sorted(m.metadata.name for m in ours)
+            for request in p.of_kind(CreateMigration):
+                assert request.target_hash == written.current_hash
+            cluster.apply(p, t)
+            cluster.states[name].status.current_storage_version_hashes = list(written.current_hashes)
+            event("agree" if agree else "disagree")
+            for a in p.actions:
+                event(a.kind)
+            if len(hashes) > 1:
+                last_disagreement = t
+            if "refined" in written.reason:
+                event("refined")
+                # Only a migration that started after the servers last disagreed proves anything.
+                assert any(
+                    is_condition_true(m.status.conditions, CONDITION_SUCCEEDED)
+                    and m.status.target_storage_version_hash == written.current_hash
+                    and m.status.started_at is not None
+                    and (last_disagreement is None or m.status.started_at > last_disagreement)
+                    for m in cluster.migrations.values()
+                )
+        elif item[0] == "switch":
+            servers[item[1]] = item[2]
+        elif item[0] == "silence":
+            servers[item[1]] = None
+        elif item[0] == "run":
+            waiting = sorted(cluster.pending(name), key=lambda m: m.metadata.name or "")
+            if waiting:
+                started = t + timedelta(minutes=item[2])
+                target = cluster.states[name].status.current_storage_version_hash or A
+                cluster.run_migration(
+                    waiting[0].metadata.name or "",
+                    target=target,
+                    started=started,
+                    finished=started + MIN,
+                    succeed=item[1],
+                )
+                t = started + MIN

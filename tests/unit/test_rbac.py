@@ -58,3 +58,11 @@ def test_discovery_is_readable_and_bound_to_the_service_account() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "storage-migrator", "namespace": "storage-migrator"}
     ]
+
+
+def test_agreement_sources_are_readable() -> None:
+    """DESIGN 4.4: the StorageVersion API (GET one object between chunks, LIST in a poll)
+    and the kubernetes Service's EndpointSlices (the API servers to poll one by one)."""
+    assert allowed("internal.apiserver.k8s.io", "storageversions", "get")
+    assert allowed("internal.apiserver.k8s.io", "storageversions", "list")
+    assert allowed("discovery.k8s.io", "endpointslices", "list")

@@ -12,25 +12,17 @@ overlapping the next, which makes one poll at a time our "leader".
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
-from prefect import flow, get_run_logger
-from prefect.artifacts import create_table_artifact
+from prefect import flow
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment
-from pydantic import BaseModel
 
+from flows.polling import PollSummary, poll
 from flows.run_migrations import run_migrations
-from storage_migrator.detection import DetectionSettings, plan_detection
 from storage_migrator.settings import Settings
-from tasks.detecting import Applied, apply_plan, observe
 
 RUN_MIGRATIONS_DEPLOYMENT = "run-migrations/run-migrations"
 
-
-class PollSummary(BaseModel):
-    applied: Applied
-    skipped: dict[str, str]
+__all__ = ["PollSummary", "detect_storage_changes"]
 
 
 @flow(name="detect-storage-changes", persist_result=False, log_prints=False)
@@ -43,28 +35,12 @@ def detect_storage_changes(
 ) -> PollSummary:
     """One poll. `poll_seconds` is the period staleness is judged against (two periods),
     `settle_seconds` the delay after a change before a migration is requested."""
-    logger = get_run_logger()
     settings = Settings.with_overrides(settle_seconds=settle_seconds, poll_seconds=poll_seconds,
                                        kubeconfig=kubeconfig, context=context)  # fmt: skip
-    seen = observe(settings)
-    if seen.failed_group_versions:
-        # Deciding on a partial document could reset or refine the wrong states.
-        logger.warning("discovery incomplete (%s): those resources are left for the next poll",
-                       ", ".join(seen.failed_group_versions))  # fmt: skip
-    plan = plan_detection(
-        discovered=seen.discovered, states=seen.states, migrations=seen.migrations, crds=seen.crds,
-        now=datetime.now(UTC),
-        settings=DetectionSettings(settle_seconds=settings.settle_seconds, stale_after_seconds=settings.stale_after,
-                                   retry_base_seconds=settings.retry_base_seconds,
-                                   retry_max_seconds=settings.retry_max_seconds),
-    )  # fmt: skip
-    applied = apply_plan(settings, plan, seen.states)
-    rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
-    if rows:
-        create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")
-    if applied.created_migrations and start_migrations:
+    summary = poll(settings)
+    if summary.applied.created_migrations and start_migrations:
         if deployment.id is not None:
             run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
         else:
             run_migrations(kubeconfig=kubeconfig, context=context)
-    return PollSummary(applied=applied, skipped={s.group_resource: s.reason for s in plan.skipped})
+    return summary

@@ -24,12 +24,13 @@ reporter, :data:`DISCOVERY_REPORTER`, through the same rules.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.models import StorageVersionHash, as_utc, storage_state_name
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "ReporterHash",
     "ReporterRound",
     "record_reports",
+    "reporters_from_discoveries",
 ]
 
 #: The reporter ID of the single discovery document (the non-HA, one-reporter case).
@@ -177,3 +179,20 @@ def _agreed(entries: list[StorageVersionHash], late: list[str]) -> str | None:
         return None
     (agreed,) = hashes
     return agreed
+
+
+def reporters_from_discoveries(per_server: Mapping[str, Sequence[DiscoveredResource]]) -> list[ReporterHash]:
+    """One reporter per API server (its URL) and persisted resource: DESIGN 4.4's second source.
+
+    Each server's own discovery document says what that server encodes in; a
+    server in the middle of a rolling upgrade shows another hash than the rest.
+    """
+    out: list[ReporterHash] = []
+    for server, found in sorted(per_server.items()):
+        for entry in found:
+            if entry.storage_version_hash and "/" not in entry.resource:
+                reporter = ReporterHash(
+                    reporter_id=server, group=entry.group, resource=entry.resource, hash=entry.storage_version_hash
+                )
+                out.append(reporter)
+    return out

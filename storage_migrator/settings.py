@@ -167,6 +167,16 @@ class Settings(BaseSettings):
         gt=0,
         description="Upper bound of that delay, in seconds. Default 86400: a day.",
     )
+    api_servers: list[str] = Field(
+        default_factory=list,
+        description=(
+            "URLs of every API server, for HA agreement when the StorageVersion API is not "
+            "served (DESIGN 4.4: one discovery poll per server), e.g. "
+            "'https://10.0.0.1:6443,https://10.0.0.2:6443'; the kubeconfig's credentials are "
+            "used for each. Default: none, which means the EndpointSlices of the `kubernetes` "
+            "Service, and one server when they list one address."
+        ),
+    )
     database_url: str = Field(
         default="sqlite:///storage-migrator.db",
         description=(
@@ -223,6 +233,22 @@ class Settings(BaseSettings):
             "all workers (created idempotently, acquired with strict=True)."
         ),
     )
+
+    @field_validator("api_servers", mode="before")
+    @classmethod
+    def _split_servers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [p.strip() for p in text.split(",") if p.strip()]
+        return value
+
+    @field_validator("api_servers")
+    @classmethod
+    def _check_servers(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("https://", "http://")):
+                raise ValueError(f"{url!r} is not an API server URL: expected https://HOST:PORT")
+        return [url.rstrip("/") for url in value]
 
     @field_validator("include_resources", "exclude_resources", mode="before")
     @classmethod

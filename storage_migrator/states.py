@@ -29,6 +29,7 @@ from storage_migrator.models import (
     StorageState,
     StorageStateSpec,
     StorageStateStatus,
+    StorageVersionHash,
 )
 
 __all__ = ["STATES", "create_state", "list_states", "write_state"]
@@ -40,11 +41,14 @@ def list_states(api: ApiClient) -> list[StorageState]:
     return [StorageState.model_validate(item) for item in iterate_items(api, STATES, limit=500)]
 
 
-def _status(current_hash: str, persisted: list[str], heartbeat: datetime) -> dict[str, Any]:
+def _status(
+    current_hash: str, persisted: list[str], heartbeat: datetime, current_hashes: list[StorageVersionHash]
+) -> dict[str, Any]:
     return StorageStateStatus(
         current_storage_version_hash=current_hash,
         persisted_storage_version_hashes=persisted,
         last_heartbeat_time=heartbeat,
+        current_storage_version_hashes=current_hashes,
     ).to_wire()
 
 
@@ -58,6 +62,7 @@ def create_state(
     persisted: list[str],
     heartbeat: datetime,
     annotations: dict[str, str],
+    current_hashes: list[StorageVersionHash] | None = None,
 ) -> StorageState:
     """Create the object, then its status (a status subresource ignores status on create)."""
     state = StorageState(
@@ -67,7 +72,7 @@ def create_state(
     created = StorageState.model_validate(create_object(api, STATES, state.to_wire()))
     answer = patch_object(
         api, STATES, name=name, subresource="status", resource_version=created.metadata.resource_version,
-        patch={"status": _status(current_hash, persisted, heartbeat)},
+        patch={"status": _status(current_hash, persisted, heartbeat, current_hashes or [])},
     )  # fmt: skip
     return StorageState.model_validate(answer)
 
@@ -82,6 +87,7 @@ def write_state(
     heartbeat: datetime,
     annotations: dict[str, str],
     old_annotations: dict[str, str],
+    current_hashes: list[StorageVersionHash] | None = None,
 ) -> StorageState:
     """One status update conditional on `resource_version` (409 Conflict if the state moved)."""
     rv = resource_version
@@ -92,6 +98,6 @@ def write_state(
         rv = str(answer["metadata"]["resourceVersion"])
     answer = patch_object(
         api, STATES, name=name, subresource="status", resource_version=rv,
-        patch={"status": _status(current_hash, persisted, heartbeat)},
+        patch={"status": _status(current_hash, persisted, heartbeat, current_hashes or [])},
     )  # fmt: skip
     return StorageState.model_validate(answer)

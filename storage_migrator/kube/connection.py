@@ -49,12 +49,13 @@ def _fresh_configuration(settings: Settings) -> Configuration:
     return configuration
 
 
-def api_client_from_settings(settings: Settings) -> ApiClient:
+def api_client_from_settings(settings: Settings, *, server: str | None = None) -> ApiClient:
     """Connect as the settings say: in-cluster, or kubeconfig path and context.
 
     ``in_cluster=None`` means auto: in-cluster when running in a pod and no
     kubeconfig path is set; otherwise the kubeconfig (``KUBECONFIG`` or
-    ``~/.kube/config`` when no path is given).
+    ``~/.kube/config`` when no path is given). ``server`` talks to one API server
+    of an HA control plane with the same credentials (DESIGN 4.4).
     """
     configuration = _fresh_configuration(settings)
     use_in_cluster = settings.in_cluster
@@ -81,6 +82,8 @@ def api_client_from_settings(settings: Settings) -> ApiClient:
             "(or KUBECONFIG, or --kubeconfig) at a valid kubeconfig and STORAGE_MIGRATOR_CONTEXT at one of its "
             "contexts, or run in a pod with a service account."
         ) from exc
+    if server:
+        configuration.host = server.rstrip("/")
     return ApiClient(configuration=configuration)
 
 

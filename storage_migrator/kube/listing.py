@@ -64,6 +64,7 @@ def list_page(
     continue_token: str | None = None,
     metadata_only: bool = True,
     namespace: str | None = None,
+    label_selector: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> ListPage:
     """LIST one page of ``ref`` (all namespaces unless ``namespace``).
@@ -76,6 +77,8 @@ def list_page(
     query: dict[str, str | int] = {"limit": limit}
     if continue_token:
         query["continue"] = continue_token
+    if label_selector:
+        query["labelSelector"] = label_selector
     response = request(
         api_client,
         method="GET",
@@ -108,6 +111,7 @@ def iterate_items(
     limit: int = 500,
     metadata_only: bool = False,
     namespace: str | None = None,
+    label_selector: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> Iterator[dict[str, Any]]:
     """Every item of a LIST, page by page: for reading our own small collections.
@@ -124,6 +128,7 @@ def iterate_items(
             continue_token=token,
             metadata_only=metadata_only,
             namespace=namespace,
+            label_selector=label_selector,
             timeout=timeout,
         )
         yield from page.items

@@ -1,0 +1,64 @@
+"""One detection poll as a function: observe, plan, apply.
+
+Both flows that poll call it: `detect-storage-changes` (every 10 minutes, then it
+starts `run-migrations` for what it requested) and `run-migrations` (once at
+its end, so a migration that just succeeded refines its StorageState at once,
+issue 10). It starts nothing itself, so the two never call each other.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from prefect import get_run_logger
+from prefect.artifacts import create_table_artifact
+from pydantic import BaseModel, Field
+
+from storage_migrator.agreement import AgreementSource
+from storage_migrator.detection import DetectionSettings, plan_detection
+from storage_migrator.settings import Settings
+from tasks.detecting import Applied, apply_plan, observe
+
+
+class PollSummary(BaseModel):
+    """What one poll did, and which source told it what each API server encodes."""
+
+    applied: Applied
+    skipped: dict[str, str]
+    agreement_source: AgreementSource = Field(description="DESIGN 4.4: where the reporters' hashes came from.")
+    api_servers: list[str] = Field(default_factory=list, description="The reporters heard in this poll.")
+
+
+def detection_settings(settings: Settings) -> DetectionSettings:
+    return DetectionSettings(
+        settle_seconds=settings.settle_seconds,
+        stale_after_seconds=settings.stale_after,
+        retry_base_seconds=settings.retry_base_seconds,
+        retry_max_seconds=settings.retry_max_seconds,
+        poll_seconds=settings.poll_seconds,
+    )
+
+
+def poll(settings: Settings) -> PollSummary:
+    """Seed 000's triggering controller, once: every decision is `plan_detection`'s."""
+    logger = get_run_logger()
+    seen = observe(settings)
+    if seen.failed_group_versions:
+        # Deciding on a partial document could reset or refine the wrong states.
+        logger.warning("discovery incomplete (%s): those resources are left for the next poll",
+                       ", ".join(seen.failed_group_versions))  # fmt: skip
+    logger.info("agreement from %s: %s", seen.agreement_source, ", ".join(seen.api_servers) or "one server")
+    plan = plan_detection(
+        discovered=seen.discovered, states=seen.states, migrations=seen.migrations, crds=seen.crds,
+        reporters=seen.reporters, now=datetime.now(UTC), settings=detection_settings(settings),
+    )  # fmt: skip
+    applied = apply_plan(settings, plan, seen.states)
+    rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
+    if rows:
+        create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")
+    return PollSummary(
+        applied=applied,
+        skipped={s.group_resource: s.reason for s in plan.skipped},
+        agreement_source=seen.agreement_source,
+        api_servers=seen.api_servers,
+    )

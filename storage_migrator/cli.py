@@ -3,7 +3,9 @@
 Design decision: the CLI reads the cluster through the same access layer as
 the flows (so what it shows is what they see) and prints tables like `kubectl
 get`. It grows with the flows: today it shows discovery, the input of
-detection (seed 000: the storageVersionHash of every persisted resource).
+detection (seed 000: the storageVersionHash of every persisted resource), and
+which source of agreement among API servers detection uses, with each server's
+hash per resource (DESIGN 4.4).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from storage_migrator.apiservers import Agreement, observe_agreement
 from storage_migrator.kube.connection import ConnectionConfigError, api_client_from_settings
 from storage_migrator.kube.discovery import Discovery, discover, pick_preferred
 from storage_migrator.kube.errors import KubeError
@@ -27,12 +30,23 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
     return "\n".join("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
-def _discovery_rows(found: Discovery, *, show_all: bool) -> list[list[str]]:
+def _per_server(agreement: Agreement) -> dict[tuple[str, str], dict[str, str]]:
+    """(group, resource) -> {server: hash}."""
+    out: dict[tuple[str, str], dict[str, str]] = {}
+    for r in agreement.reporters:
+        out.setdefault((r.group, r.resource), {})[r.reporter_id] = r.hash
+    return out
+
+
+def _discovery_rows(found: Discovery, agreement: Agreement, *, show_all: bool) -> list[list[str]]:
     resources = found.resources if show_all else [r for r in pick_preferred(found.resources) if r.persisted]
-    rows = [["RESOURCE", "GROUP", "VERSION", "KIND", "NAMESPACED", "STORAGE VERSION HASH"]]
+    servers = agreement.servers if agreement.source != "discovery" else []
+    per_server = _per_server(agreement)
+    rows = [["RESOURCE", "GROUP", "VERSION", "KIND", "NAMESPACED", "STORAGE VERSION HASH", *servers]]
     for r in sorted(resources, key=lambda r: (r.group, r.resource, r.version)):
+        heard = per_server.get((r.group, r.resource), {})
         rows.append([r.resource, r.group or "(core)", r.version, r.kind, str(r.namespaced).lower(),
-                     r.storage_version_hash or "-"])  # fmt: skip
+                     r.storage_version_hash or "-", *(heard.get(s, "-") for s in servers)])  # fmt: skip
     return rows
 
 
@@ -40,12 +54,16 @@ def _cmd_discover(args: argparse.Namespace, settings: Settings) -> int:
     api = api_client_from_settings(settings)
     try:
         found = discover(api, timeout=settings.request_timeout_seconds)
+        agreement = observe_agreement(api, settings, found.resources)
     finally:
         api.close()  # type: ignore[no-untyped-call]
     if args.output == "json":
-        print(json.dumps(found.model_dump(mode="json"), indent=2))
+        print(json.dumps({**found.model_dump(mode="json"), "agreement": agreement.model_dump(mode="json")}, indent=2))
     else:
-        print(_table(_discovery_rows(found, show_all=args.all)))
+        print(f"agreement among API servers from: {agreement.source} ({', '.join(agreement.servers) or 'one server'})")
+        print(_table(_discovery_rows(found, agreement, show_all=args.all)))
+    for server, why in agreement.unheard.items():
+        print(f"warning: API server {server} not heard: {why}", file=sys.stderr)
     for failure in found.failed:
         print(
             f"warning: could not read {failure.group_version}: {failure.code} {failure.reason}: {failure.message}",

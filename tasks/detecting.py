@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 
-from kubernetes.client import ApiClient
 from prefect import get_run_logger, task
 from pydantic import BaseModel, Field
 
-from storage_migrator.agreement import AgreementSource, reporters_from_storage_versions
+from storage_migrator.agreement import AgreementSource
+from storage_migrator.apiservers import observe_agreement
 from storage_migrator.detection import (
     SETTLE_ANNOTATION,
     SINCE_ANNOTATION,
@@ -26,12 +26,9 @@ from storage_migrator.detection import (
     TrimStoredVersions,
     UpdateState,
 )
-from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.discovery import DiscoveredResource, discover
-from storage_migrator.kube.endpoints import api_server_urls
 from storage_migrator.kube.errors import KubeError, NotFound
 from storage_migrator.kube.listing import iterate_items
-from storage_migrator.kube.storageversions import list_storage_versions
 from storage_migrator.kube.writing import delete_object, patch_object
 from storage_migrator.migrations import MIGRATIONS, create_migration, list_migrations
 from storage_migrator.models import (
@@ -41,7 +38,7 @@ from storage_migrator.models import (
     StorageVersionMigration,
     new_storage_version_migration,
 )
-from storage_migrator.reporters import ReporterHash, reporters_from_discoveries
+from storage_migrator.reporters import ReporterHash
 from storage_migrator.settings import Settings
 from storage_migrator.states import create_state, list_states, write_state
 from tasks.common import PRIVATE, connected
@@ -64,14 +61,6 @@ class Observations(BaseModel):
     api_servers: list[str] = Field(default_factory=list, description="The reporters heard (IDs or URLs).")
 
 
-class Agreement(BaseModel):
-    """DESIGN 4.4: who reports which hash, and from which source."""
-
-    source: AgreementSource
-    reporters: list[ReporterHash]
-    servers: list[str]
-
-
 class Applied(BaseModel):
     """What a poll changed, by action, and what it could not."""
 
@@ -80,43 +69,16 @@ class Applied(BaseModel):
     errors: list[str] = Field(default_factory=list)
 
 
-def observe_agreement(api: ApiClient, settings: Settings, discovered: list[DiscoveredResource]) -> Agreement:
-    """The best source of DESIGN 4.4 that the cluster offers.
-
-    1. the StorageVersion API, when served and populated; 2. one discovery poll
-    per API server (`api_servers` in the settings, else the kubernetes Service's
-    EndpointSlices), when there are several; 3. the one discovery document.
-    """
-    timeout = settings.request_timeout_seconds
-    observed = list_storage_versions(api, timeout=timeout)
-    if observed:
-        reporters = reporters_from_storage_versions(observed, discovered)
-        servers = sorted({r.reporter_id for r in reporters})
-        return Agreement(source="storage-version-api", reporters=reporters, servers=servers)
-    servers = settings.api_servers or api_server_urls(api, timeout=timeout)
-    if len(servers) > 1:
-        per_server: dict[str, list[DiscoveredResource]] = {}
-        for server in servers:
-            one = api_client_from_settings(settings, server=server)
-            try:
-                # A server that does not answer is not heard: its entry ages, which
-                # blocks new migrations until it reports again or is collected (seed 000).
-                per_server[server] = discover(one, timeout=timeout).resources
-            except KubeError as exc:
-                get_run_logger().warning("API server %s not heard in this poll: %s", server, exc)
-            finally:
-                one.close()  # type: ignore[no-untyped-call]
-        return Agreement(source="discovery-per-server", reporters=reporters_from_discoveries(per_server),
-                         servers=sorted(per_server))  # fmt: skip
-    return Agreement(source="discovery", reporters=[], servers=servers)
-
-
 @task(name="observe", **PRIVATE)
 def observe(settings: Settings) -> Observations:
     with connected(settings) as api:
         found = discover(api, timeout=settings.request_timeout_seconds)
         crds = [c for c in (CrdObservation.from_object(o) for o in iterate_items(api, CRDS, limit=500)) if c]
         agreement = observe_agreement(api, settings, found.resources)
+        for server, why in agreement.unheard.items():
+            # Not heard: its entry ages, which blocks new migrations until it reports
+            # again or is collected after 3 periods (seed 000).
+            get_run_logger().warning("API server %s not heard in this poll: %s", server, why)
         return Observations(
             discovered=found.resources,
             failed_group_versions=[f.group_version for f in found.failed],

@@ -15,15 +15,11 @@ backoff (server hints win), anything else is recorded as a failure with the
 object's name and the API's reason, and the chunk goes on (upstream issue #83:
 no endless retries).
 
-A restarting API server denies (401/403) what it allows a moment later, until its
-caches fill. Such an answer is taken as "the server is settling", not as an
-answer about the object, when this migration saw the server fail (no answer, or
-a 5xx) within `settle_window_seconds`, or when `/readyz` does not answer 200
-right now; it is then waited out with backoff, for at most
-`settle_timeout_seconds` per request, without using up ordinary attempts
-(`retry_step` holds the whole policy). And before a chunk's result (so its
-checkpoint) is produced, every object that ended `failed` is tried once more,
-after `/readyz` answers 200 (bounded): only what still fails is `failed`.
+A restarting API server denies (401/403) what it allows a moment later: such
+answers are waited out (`storage_migrator.settling` holds the policy). And
+before a chunk's result (so its checkpoint) is produced, every object that
+ended `failed` is tried once more, after `/readyz` answers 200 (bounded): only
+what still fails is `failed`.
 """
 
 from __future__ import annotations
@@ -40,41 +36,27 @@ from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.backoff import retry_delay
-from storage_migrator.kube.errors import (
-    Conflict,
-    Expired,
-    KubeError,
-    MethodNotAllowed,
-    NotFound,
-    is_retriable,
-    is_server_trouble,
-    is_settling_answer,
-)
+from storage_migrator.kube.errors import Conflict, Expired, KubeError, MethodNotAllowed, NotFound, is_retriable
 from storage_migrator.kube.health import READYZ_TIMEOUT_SECONDS, is_ready
 from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import WriteResult, rewrite_with_patch, rewrite_with_put
 from storage_migrator.models import MAX_RECORDED_FAILURES, MigrationProgress, ObjectFailure
 from storage_migrator.pacing import NoPacing, Pacer
+from storage_migrator.settling import RetryStep, ServerTrouble, retry_step
 
 __all__ = [
     "ChunkOptions",
     "ChunkResult",
     "MigrationAborted",
     "Outcome",
-    "RetryStep",
-    "ServerTrouble",
     "WriteMode",
     "add_progress",
     "migrate_chunk",
-    "retry_step",
 ]
 
 Outcome = Literal["rewritten", "unchanged", "gone", "conflicted", "failed"]
 WriteMode = Literal["patch", "put"]
-#: What to do with a failed request: send it again as an ordinary attempt, wait
-#: for a settling server (not counted as an attempt), or give up.
-RetryStep = Literal["retry", "settle", "fail"]
 
 #: A chunk LIST that keeps answering 410 without progress is restarted at most this often.
 MAX_EXPIRED_RELISTS = 5
@@ -173,60 +155,6 @@ class _Tally:
                 self.settle_waits += 1
             else:
                 self.retries += 1
-
-
-class ServerTrouble:
-    """When this migration last saw the API server fail; shared by the writer threads.
-
-    "Trouble" is no answer at all or a 5xx (`is_server_trouble`), and a `/readyz`
-    that did not answer 200. A 401/403 within `window_seconds` of it is taken as
-    the server settling after a restart (issue: "A 403 or 401 right after
-    connection errors or a /readyz failure is not an answer about the object").
-    """
-
-    def __init__(self, *, window_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.window_seconds = window_seconds
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._last: float | None = None
-
-    def saw(self, error: BaseException) -> None:
-        """Remember `error` if it says the server failed."""
-        if is_server_trouble(error):
-            self.note()
-
-    def note(self) -> None:
-        with self._lock:
-            self._last = self._clock()
-
-    def recent(self) -> bool:
-        with self._lock:
-            return self._last is not None and self._clock() - self._last <= self.window_seconds
-
-
-def retry_step(
-    error: BaseException,
-    *,
-    attempt: int,
-    max_attempts: int,
-    settled_for: float,
-    settle_timeout: float,
-    server_settling: Callable[[], bool],
-) -> RetryStep:
-    """The one policy for a failed request: send it again now, and on which budget?
-
-    Transient answers (`is_retriable`) are ordinary attempts, `attempt` counting
-    from 0 up to `max_attempts`. A 401/403 (`is_settling_answer`) is waited out
-    while `server_settling()` says the server is settling (asked last: it may
-    probe `/readyz`), for at most `settle_timeout` seconds in all
-    (`settled_for` so far). Anything else is an answer about the object: fail
-    (upstream issue #83: no endless retries).
-    """
-    if is_retriable(error):
-        return "retry" if attempt + 1 < max_attempts else "fail"
-    if is_settling_answer(error) and settled_for < settle_timeout and server_settling():
-        return "settle"
-    return "fail"
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,14 @@ from kubernetes.client import ApiClient
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import prefix_end
-from storage_migrator.chunks import ChunkOptions, ServerTrouble, add_progress, migrate_chunk
+from storage_migrator.chunks import ChunkOptions, add_progress, migrate_chunk
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.migrations import failure_summary
 from storage_migrator.models import MigrationProgress, ObjectFailure
 from storage_migrator.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.settings import Settings
+from storage_migrator.settling import ServerTrouble
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import pytest
 
 from kubesim.health import Warmup, forbidden, health_answer
-from storage_migrator.chunks import RetryStep, ServerTrouble, retry_step
 from storage_migrator.kube.errors import (
     KubeError,
     error_from_answer,
@@ -21,6 +20,7 @@ from storage_migrator.kube.errors import (
     is_server_trouble,
     is_settling_answer,
 )
+from storage_migrator.settling import RetryStep, ServerTrouble, retry_step
 
 
 def answer(code: int, reason: str = "") -> KubeError:

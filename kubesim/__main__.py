@@ -19,6 +19,7 @@ from kubesim.admin import Admin, AdminError
 from kubesim.cluster import Cluster
 from kubesim.codec import ENCRYPTED_PREFIX
 from kubesim.etcd import EtcdStore, prefix_end
+from kubesim.leases import LEASE_SECONDS
 from kubesim.resources import FEATURE_GATES
 
 _SERVE_HELP = """\
@@ -50,14 +51,17 @@ def serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
         cluster = Cluster(
-            etcd_url=args.etcd, servers=args.servers, port=args.port, authz_warmup_seconds=args.authz_warmup
+            etcd_url=args.etcd,
+            servers=args.servers,
+            port=args.port,
+            authz_warmup_seconds=args.authz_warmup,
+            identity_lease_seconds=args.identity_lease_duration_seconds,
+            feature_gates=args.feature_gates,
         ).start()
     except RuntimeError as exc:
         print(f"kubesim: {exc}", file=sys.stderr)
         return 1
     try:
-        for server in cluster.servers:
-            server.set_feature_gates(args.feature_gates)
         cluster.write_kubeconfig(args.kubeconfig)
         for i, server in enumerate(cluster.servers):
             print(f"kubesim: API server {i} on {server.url} (etcd {cluster.etcd_url})", flush=True)
@@ -162,7 +166,11 @@ def parser() -> argparse.ArgumentParser:
                          "500 to /readyz for SECONDS, as kube-apiserver does until its RBAC caches fill")  # fmt: skip
     p_serve.add_argument("--feature-gates", type=_gates, default={}, metavar="GATE=true,...",
                          help=f"optional built-in APIs, as kube-apiserver's flag: {', '.join(FEATURE_GATES)} "
-                         "(storagemigration.k8s.io/v1beta1)")  # fmt: skip
+                         "(StorageVersionAPI: internal.apiserver.k8s.io, on by default in kubesim; "
+                         "StorageVersionMigrator: storagemigration.k8s.io/v1beta1, off)")  # fmt: skip
+    p_serve.add_argument("--identity-lease-duration-seconds", type=int, default=LEASE_SECONDS, metavar="SECONDS",
+                         help="each API server's identity lease in kube-system, as kube-apiserver's flag (default "
+                         f"{LEASE_SECONDS}); a server gone for longer loses its StorageVersion entries")  # fmt: skip
     p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p_serve.set_defaults(func=serve)
 

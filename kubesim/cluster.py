@@ -2,19 +2,36 @@
 sharing it, each on its own loopback port, plus a kubeconfig for them.
 
 Several servers stand for an HA control plane during a rolling upgrade: each
-has its own storage versions and encryption keys (its `ServerConfig`).
+has its own storage versions, encryption keys and feature gates (its
+`ServerConfig`), its identity lease (kubesim/leases.py), and its EndpointSlice
+of the `kubernetes` Service.
+
+EndpointSlices: kube-apiserver's endpoint reconciler keeps ONE slice named
+`kubernetes` in `default`, labelled `kubernetes.io/service-name: kubernetes`,
+one endpoint per API server address, and one port list, since every server
+listens on the same port (pkg/controlplane/reconcilers/endpointsadapter.go).
+kubesim's servers share 127.0.0.1 and differ by port, so each gets a slice of
+its own: the first one `kubernetes` (the name a real cluster has), the others
+`kubernetes-<port>` (stable across a restart, which keeps the port, and unique;
+the real reconciler's only other name is `kubernetes-v4`/`-v6` for a second
+address family). Clients select them by label, as they must on a real cluster.
+A removed server's slice goes at once (a real server removes its address in a
+pre-shutdown hook); a restarted one keeps its slice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from kubesim import storageversions
+from kubesim import leases
+from kubesim.errors import StatusError
 from kubesim.etcd import EtcdProcess, EtcdStore
 from kubesim.registry import Registry, ServerConfig
 from kubesim.server import ApiServer
@@ -39,17 +56,47 @@ def kubeconfig_doc(servers: list[ApiServer]) -> dict[str, Any]:
     }
 
 
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+
+
+def endpoint_slice(name: str, *, host: str, port: int) -> dict[str, Any]:
+    """One API server's slice of the `kubernetes` Service, as endpointsadapter.go writes it."""
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "default", "labels": {SERVICE_NAME_LABEL: "kubernetes"}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
+        "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
+    }
+
+
 class Cluster:
     def __init__(
-        self, *, etcd_url: str | None = None, servers: int = 1, port: int = 0, authz_warmup_seconds: float = 0.0
+        self,
+        *,
+        etcd_url: str | None = None,
+        servers: int = 1,
+        port: int = 0,
+        authz_warmup_seconds: float = 0.0,
+        identity_lease_seconds: int = leases.LEASE_SECONDS,
+        feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
+        """`identity_lease_seconds`: each server's identity lease (kube-apiserver's
+        --identity-lease-duration-seconds, 3600 s); `feature_gates`: applied to the
+        ServerConfig of every server this cluster creates (kube-apiserver's --feature-gates)."""
         self._etcd_process: EtcdProcess | None = None
         self._etcd_url = etcd_url
         self._count = servers
         self._port = port
         self._authz_warmup_seconds = authz_warmup_seconds
+        self.identity_lease_seconds = identity_lease_seconds
+        self._feature_gates = dict(feature_gates or {})
         self.servers: list[ApiServer] = []
         self.kubeconfig: Path | None = None
+        # The endpoint reconciler's writes, through an etcd client of their own (not counted as clients').
+        self._control: Registry | None = None
+        self._slices: dict[int, str] = {}  # port -> EndpointSlice name
 
     @property
     def etcd_url(self) -> str:
@@ -65,6 +112,7 @@ class Cluster:
             self._etcd_process = EtcdProcess().start()
             self._etcd_url = self._etcd_process.url
         try:
+            self._control = Registry(EtcdStore(self.etcd_url))
             for i in range(self._count):
                 self.add_server(port=self._port if i == 0 else 0, authz_warmup_seconds=self._authz_warmup_seconds)
         except BaseException:
@@ -75,8 +123,14 @@ class Cluster:
     def add_server(
         self, *, port: int = 0, config: ServerConfig | None = None, authz_warmup_seconds: float = 0.0
     ) -> ApiServer:
+        """Start one more API server (its identity lease, StorageVersion entries and EndpointSlice)."""
+        if config is None:
+            config = ServerConfig()
+            for gate, on in self._feature_gates.items():
+                (config.feature_gates.add if on else config.feature_gates.discard)(gate)
         server = self._start_server(port=port, config=config, authz_warmup_seconds=authz_warmup_seconds)
         self.servers.append(server)
+        self._add_endpoint(server)
         if self.kubeconfig is not None:
             self.write_kubeconfig(self.kubeconfig)
         return server
@@ -84,8 +138,8 @@ class Cluster:
     def _start_server(self, *, port: int, config: ServerConfig | None, authz_warmup_seconds: float) -> ApiServer:
         registry = Registry(EtcdStore(self.etcd_url), config)
         registry.ensure_default_namespaces()
-        storageversions.publish(registry)
-        return ApiServer(registry, port=port, authz_warmup_seconds=authz_warmup_seconds).start()
+        server = ApiServer(registry, port=port, authz_warmup_seconds=authz_warmup_seconds)
+        return server.start(identity_lease_seconds=self.identity_lease_seconds)
 
     def restart_server(
         self, index: int = 0, *, down_seconds: float = 0.0, authz_warmup_seconds: float = 0.0
@@ -95,7 +149,8 @@ class Cluster:
         Connections in flight are dropped; for `down_seconds` the port refuses
         connections; then a new server (fresh in-memory state) answers 403 to every
         API request for `authz_warmup_seconds`, as kube-apiserver does until its
-        RBAC caches fill (kubesim/health.py).
+        RBAC caches fill (kubesim/health.py). Its identity lease (same server ID)
+        and its EndpointSlice (same port) are kept.
         """
         old = self.servers[index]
         old.stop()
@@ -108,18 +163,46 @@ class Cluster:
         self.servers[index] = server
         return server
 
-    def remove_server(self, index: int) -> None:
-        """Stop one API server of an HA cluster (a rolling upgrade takes it down).
+    def remove_server(self, index: int, *, lease_seconds: int | None = None) -> None:
+        """Take one API server of an HA cluster down for good (a rolling upgrade replaces it).
 
-        Its StorageVersion entries are withdrawn at once; kube-apiserver's
-        garbage collector does that once the server's identity lease expires.
+        Its EndpointSlice goes at once. Its StorageVersion entries stay until its
+        identity lease has expired: then the garbage collectors of the servers
+        still up delete the lease and drop the entries (kubesim/leases.py). The
+        lease expires `identity_lease_seconds` after its last renewal (3600 s by
+        default, as kube-apiserver), or `lease_seconds` from now when given.
         """
         server = self.servers.pop(index)
-        server.stop()
-        storageversions.publish(server.registry, withdraw=True)
+        self._remove_endpoint(server)
+        server.stop(lease_seconds=lease_seconds)
         server.registry.etcd.close()
         if self.kubeconfig is not None:
             self.write_kubeconfig(self.kubeconfig)
+
+    # ----- the endpoint reconciler --------------------------------------------
+    def _add_endpoint(self, server: ApiServer) -> None:
+        assert self._control is not None
+        name = "kubernetes" if "kubernetes" not in self._slices.values() else f"kubernetes-{server.port}"
+        self._slices[server.port] = name
+        rt = self._control.lookup("discovery.k8s.io", "v1", "endpointslices")
+        body = endpoint_slice(name, host=server.host, port=server.port)
+        try:
+            self._control.create(rt, "v1", "default", body, manager="kube-apiserver")
+        except StatusError as exc:
+            if exc.code != 409:
+                raise
+            self._control.update(rt, "v1", "default", name, lambda _current: body, manager="kube-apiserver")
+
+    def _remove_endpoint(self, server: ApiServer) -> None:
+        name = self._slices.pop(server.port, None)
+        if name is None or self._control is None:
+            return
+        rt = self._control.lookup("discovery.k8s.io", "v1", "endpointslices")
+        try:
+            self._control.delete(rt, "v1", "default", name)
+        except StatusError as exc:
+            if exc.code != 404:
+                raise
 
     def write_kubeconfig(self, path: Path | str) -> Path:
         path = Path(path)
@@ -136,9 +219,14 @@ class Cluster:
 
     def stop(self) -> None:
         for server in self.servers:
+            with contextlib.suppress(Exception):  # a graceful shutdown removes its endpoint, if etcd lets it
+                self._remove_endpoint(server)
             server.stop()
             server.registry.etcd.close()
         self.servers = []
+        if self._control is not None:
+            self._control.etcd.close()
+            self._control = None
         if self._etcd_process is not None:
             self._etcd_process.stop()
             self._etcd_process = None

@@ -48,7 +48,7 @@ from kubesim.errors import (
 )
 from kubesim.etcd import KV, Compacted, EtcdStore, prefix_end
 from kubesim.patching import PatchError, apply_patch
-from kubesim.resources import ResourceType, builtin_resources, resource_from_crd
+from kubesim.resources import STORAGE_VERSION_API_GATE, ResourceType, builtin_resources, resource_from_crd
 
 CRD_PREFIX = b"/registry/apiextensions.k8s.io/customresourcedefinitions/"
 NAMESPACE_PREFIX = b"/registry/namespaces/"
@@ -85,9 +85,10 @@ class ServerConfig:
     # storage group-resource ("events", "deployments.apps") -> storage version
     storage_versions: dict[str, str] = field(default_factory=dict)
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
-    # Feature gates that serve optional built-in APIs (resources.FEATURE_GATES); off by
-    # default, as beta APIs are on a real v1.36 server.
-    feature_gates: set[str] = field(default_factory=set)
+    # Feature gates that serve optional built-in APIs (resources.FEATURE_GATES). StorageVersionMigrator
+    # is off by default, as beta APIs are on a real v1.36 server; StorageVersionAPI is on (alpha, off
+    # upstream, but kubesim has always published StorageVersions and our reference cluster had it on).
+    feature_gates: set[str] = field(default_factory=lambda: {STORAGE_VERSION_API_GATE})
 
 
 def storage_group_resource(rt: ResourceType) -> str:

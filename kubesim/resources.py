@@ -20,8 +20,11 @@ ALL_VERBS = ["create", "delete", "deletecollection", "get", "list", "patch", "up
 CLUSTER_VERBS_NO_COLLECTION = ["create", "delete", "get", "list", "patch", "update", "watch"]
 SUB_VERBS = ["get", "patch", "update"]
 STORAGE_VERSION_MIGRATOR_GATE = "StorageVersionMigrator"
+#: Serves internal.apiserver.k8s.io and makes each server publish its StorageVersion entries
+#: (alpha, off by default upstream; kubesim's default ServerConfig has it on, as had our reference cluster).
+STORAGE_VERSION_API_GATE = "StorageVersionAPI"
 #: The feature gates kubesim knows; a gate not listed here is refused by the admin API.
-FEATURE_GATES = (STORAGE_VERSION_MIGRATOR_GATE,)
+FEATURE_GATES = (STORAGE_VERSION_API_GATE, STORAGE_VERSION_MIGRATOR_GATE)
 
 
 def storage_version_hash(group: str, version: str, kind: str) -> str:
@@ -184,10 +187,15 @@ def builtin_resources() -> list[ResourceType]:
             "apiregistration.k8s.io", "apiservices", "APIService", namespaced=False, categories=["api-extensions"],
             subresources=["status"], group_in_key=True,
         ),
-        # The StorageVersion API (seed 001 as shipped: reference/storageversion-core-secrets.json).
+        # Identity leases of the API servers live in kube-system (kubesim/leases.py).
+        _builtin("coordination.k8s.io", "leases", "Lease"),
+        # The `kubernetes` Service's slices: one per live API server (kubesim/cluster.py).
+        _builtin("discovery.k8s.io", "endpointslices", "EndpointSlice"),
+        # The StorageVersion API (seed 001 as shipped: reference/storageversion-core-secrets.json),
+        # behind its gate as on a real server (off: the group is not served).
         _builtin(
             "internal.apiserver.k8s.io", "storageversions", "StorageVersion", namespaced=False, version="v1alpha1",
-            subresources=["status"],
+            subresources=["status"], feature_gate=STORAGE_VERSION_API_GATE,
         ),
         # The in-tree migrator's API (beta in v1.36, behind the StorageVersionMigrator
         # gate; reference/README.md): same plural and kind as our migration.k8s.io CRD,

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
-from kubesim import aggregation, health, openapi, openapi_v2, protobuf, storageversions
+from kubesim import aggregation, health, leases, openapi, openapi_v2, protobuf, storageversions
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
@@ -125,6 +125,9 @@ class Request:
 class ApiServer:
     """One simulated kube-apiserver: a registry, faults and an HTTP listener."""
 
+    #: Its identity lease and garbage collectors, while started (kubesim/leases.py).
+    identity: leases.IdentityLease | None = None
+
     def __init__(
         self, registry: Registry, *, host: str = "127.0.0.1", port: int = 0, authz_warmup_seconds: float = 0.0
     ) -> None:
@@ -148,12 +151,26 @@ class ApiServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> ApiServer:
+    def start(self, *, identity_lease_seconds: int = leases.LEASE_SECONDS) -> ApiServer:
+        """Take an identity lease, publish StorageVersions, then serve.
+
+        In this order (seed 001): "An API server needs to establish its membership
+        in the list of participating API servers before updating storageVersion"
+        (or the garbage collector takes its fresh entries for stale ones), and "the
+        API server [updates] the storageVersion before accepting API requests".
+        """
+        self.identity = leases.IdentityLease(
+            self.registry.etcd.url, self.registry.config, lease_seconds=identity_lease_seconds
+        ).start()
+        storageversions.publish(self.registry)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"kubesim-{self.port}", daemon=True)
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, lease_seconds: int | None = None) -> None:
+        """Stop serving and renewing. The identity lease and the StorageVersion entries stay
+        (kube-apiserver deletes neither): the garbage collectors of the servers still up remove
+        them once the lease has expired, `lease_seconds` from now when given (kubesim/leases.py)."""
         self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -165,6 +182,9 @@ class ApiServer:
                 conn.shutdown(socket.SHUT_RDWR)
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.identity is not None:
+            self.identity.stop(lease_seconds=lease_seconds)
+            self.identity = None
 
     # ----- admin ----------------------------------------------------------
     def admin_state(self) -> dict[str, Any]:
@@ -216,7 +236,11 @@ class ApiServer:
         return self.admin_state()
 
     def set_feature_gates(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Turn optional built-in APIs on or off, e.g. {"StorageVersionMigrator": true}."""
+        """Turn optional built-in APIs on or off, e.g. {"StorageVersionMigrator": true}.
+
+        Then republish: with `StorageVersionAPI` off this server's StorageVersion
+        entries are withdrawn, with it on they are published (storageversions.publish).
+        """
         unknown = sorted(set(body) - set(FEATURE_GATES))
         if unknown or not all(isinstance(v, bool) for v in body.values()):
             raise bad_request(f"expected {{gate: true|false}} for gates among {list(FEATURE_GATES)}; got {body!r}")

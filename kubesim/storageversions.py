@@ -7,18 +7,25 @@ Objects are named `<group>.<resource>` with `core` for the core group;
 decodableVersions, servedVersions}` per server, `status.commonEncodingVersion`
 is set only while they all agree, and the `AllEncodingVersionsEqual` condition
 says whether they do. Custom resources have none (as on v1.36).
+
+Only servers with the `StorageVersionAPI` gate publish; entries of servers that
+are gone are removed by `prune`, the storageversiongc controller's rule, once
+their identity lease is gone (kubesim/leases.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from kubesim.errors import StatusError
 from kubesim.registry import Registry, now_rfc3339, storage_group_resource
-from kubesim.resources import ResourceType, sort_versions
+from kubesim.resources import STORAGE_VERSION_API_GATE, ResourceType, builtin_resources, sort_versions
 
 GROUP = "internal.apiserver.k8s.io"
 VERSION = "v1alpha1"
+#: The field manager of the garbage collector's writes (it runs in kube-controller-manager).
+GC_MANAGER = "kube-controller-manager"
 
 
 def object_name(rt: ResourceType) -> str:
@@ -58,19 +65,40 @@ def _status(entries: list[dict[str, Any]], old: dict[str, Any]) -> dict[str, Any
     return doc
 
 
-def publish(registry: Registry, *, withdraw: bool = False) -> None:
-    """Record (or, when the server stops, remove) this server's encoding versions."""
-    types = {storage_group_resource(rt): rt for rt in registry.builtin_types() if not rt.virtual}
-    sv_type = next(rt for rt in registry.builtin_types() if rt.group == GROUP and rt.resource == "storageversions")
-    server_id = registry.config.server_id
-    for rt in types.values():
-        name = object_name(rt)
+def storage_version_type() -> ResourceType:
+    """The StorageVersion type, served or not: a server with the gate off still withdraws."""
+    return next(rt for rt in builtin_resources() if rt.group == GROUP and rt.resource == "storageversions")
 
-        def mutate(current: dict[str, Any], rt: ResourceType = rt) -> dict[str, Any]:
+
+def _entries(sv: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((sv.get("status") or {}).get("storageVersions") or [])
+
+
+def publish(registry: Registry, *, withdraw: bool = False) -> None:
+    """Make this server's entries say what it encodes now.
+
+    With the `StorageVersionAPI` gate on: one entry per built-in it stores, and
+    none where it no longer serves the resource (a gate turned off). With the
+    gate off, or `withdraw`: none at all (kubesim's stand-in for turning the API
+    off; a real server needs a restart, and its old entries stay until the
+    garbage collector removes them, kubesim/leases.py).
+    """
+    sv_type = storage_version_type()
+    server_id = registry.config.server_id
+    wanted: dict[str, dict[str, Any]] = {}
+    if not withdraw and STORAGE_VERSION_API_GATE in registry.config.feature_gates:
+        types = {storage_group_resource(rt): rt for rt in registry.builtin_types() if not rt.virtual}
+        wanted = {object_name(rt): _entry(rt, server_id) for rt in types.values()}
+    listed = registry.list(sv_type, VERSION, None).items
+    mine = {sv["metadata"]["name"] for sv in listed if any(e.get("apiServerID") == server_id for e in _entries(sv))}
+    for name in sorted(set(wanted) | mine):
+        entry = wanted.get(name)
+
+        def mutate(current: dict[str, Any], entry: dict[str, Any] | None = entry) -> dict[str, Any]:
             old = current.get("status") or {}
-            entries = [e for e in old.get("storageVersions") or [] if e.get("apiServerID") != server_id]
-            if not withdraw:
-                entries.append(_entry(rt, server_id))
+            entries = [e for e in _entries(current) if e.get("apiServerID") != server_id]
+            if entry is not None:
+                entries.append(entry)
             entries.sort(key=lambda e: str(e.get("apiServerID")))
             current["status"] = _status(entries, old)
             return current
@@ -79,13 +107,49 @@ def publish(registry: Registry, *, withdraw: bool = False) -> None:
             registry.update(sv_type, VERSION, None, name, mutate, subresource="status", manager="kube-apiserver")
             continue
         except StatusError as exc:
-            if exc.code != 404 or withdraw:
-                if exc.code == 404:
-                    continue
+            if exc.code != 404:
                 raise
+        if entry is None:
+            continue
         try:
             registry.create(sv_type, VERSION, None, {"metadata": {"name": name}, "spec": {}}, manager="kube-apiserver")
         except StatusError as exc:
             if exc.code != 409:  # another server created it first
                 raise
         registry.update(sv_type, VERSION, None, name, mutate, subresource="status", manager="kube-apiserver")
+
+
+def prune(registry: Registry, live: Collection[str]) -> list[str]:
+    """storageversiongc: remove the entries of API servers not in `live`; the names of the objects changed.
+
+    kube-controller-manager's storageversiongc controller (pkg/controller/storageversiongc):
+    an entry whose apiServerID has no identity lease is dropped, the common
+    encoding version and its condition are recomputed (SetCommonEncodingVersion),
+    and an object left with no entry is deleted (seed 001, "Garbage collection":
+    "if empty, deletes the storageVersion object ... otherwise updates", both
+    preconditioned on the resourceVersion read). A conflict is left for the next pass.
+    """
+    sv_type = storage_version_type()
+    changed = []
+    for sv in registry.list(sv_type, VERSION, None).items:
+        name, rv = sv["metadata"]["name"], sv["metadata"]["resourceVersion"]
+        kept = [e for e in _entries(sv) if e.get("apiServerID") in live]
+        if len(kept) == len(_entries(sv)):
+            continue
+
+        def mutate(current: dict[str, Any], rv: str = rv, kept: list[dict[str, Any]] = kept) -> dict[str, Any]:
+            current["metadata"]["resourceVersion"] = rv  # the precondition: the object we judged
+            current["status"] = _status(kept, current.get("status") or {})
+            return current
+
+        try:
+            if kept:
+                registry.update(sv_type, VERSION, None, name, mutate, subresource="status", manager=GC_MANAGER)
+            else:
+                registry.delete(sv_type, VERSION, None, name, preconditions={"resourceVersion": rv})
+        except StatusError as exc:
+            if exc.code not in (404, 409):
+                raise
+            continue
+        changed.append(name)
+    return changed

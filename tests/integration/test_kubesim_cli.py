@@ -74,9 +74,9 @@ def test_serve_then_admin_then_sigterm_stops_everything(tmp_path: Path) -> None:
 
         state = json.loads(kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "state").stdout)
         assert state["storageVersions"]["configmaps"] == "v1"
-        assert state["featureGates"] == {"StorageVersionMigrator": True}
+        assert state["featureGates"] == {"StorageVersionAPI": True, "StorageVersionMigrator": True}
         gates = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "feature-gates", "StorageVersionMigrator=false")
-        assert json.loads(gates.stdout) == {"StorageVersionMigrator": False}
+        assert json.loads(gates.stdout) == {"StorageVersionAPI": True, "StorageVersionMigrator": False}
         unknown = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "feature-gates", "Nope=true", check=False)
         assert unknown.returncode == 2 and "GATE=true|false" in unknown.stderr
         changed = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "storage-version", "configmaps", "v2")

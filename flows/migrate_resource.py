@@ -7,6 +7,13 @@ Failed. A run killed at any point is resumed by the next run of the same
 request from its stored token (seed 002 "Failure recovery"); deleting the
 request cancels the run at its next checkpoint.
 
+Seed 001 (DESIGN 4.4) guards it through the resource's StorageVersion object:
+the run starts only while the API servers agree on an encoding version, stops
+(checkpoint kept) when they no longer do, checked between chunks, and is not
+marked Succeeded if the object's resourceVersion moved during the pass: it
+makes a new pass from the beginning instead. Every verdict is
+`decide_agreement`'s; this module only asks at the right moments.
+
     prefect deployment run 'migrate-resource/migrate-resource' -p resource=secrets
     migrate_resource(resource="deployments", group="apps")        # ephemeral, no server
 """
@@ -14,6 +21,7 @@ request cancels the run at its next checkpoint.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, cast
 from uuid import UUID
 
@@ -24,18 +32,27 @@ from prefect.client.schemas.objects import State
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from storage_migrator.agreement import StorageVersionObservation, decide_agreement
 from storage_migrator.chunks import MigrationAborted, add_progress
 from storage_migrator.migrations import MigrationCancelled, failure_summary
-from storage_migrator.models import CONDITION_SUCCEEDED, MAX_RECORDED_FAILURES, MIGRATIONS_KIND_NAME, MigrationProgress
+from storage_migrator.models import (
+    CONDITION_SUCCEEDED,
+    MAX_RECORDED_FAILURES,
+    MIGRATIONS_KIND_NAME,
+    MigrationProgress,
+    ObjectFailure,
+)
 from storage_migrator.settings import Settings
 from tasks.migrating import (
     MigrationHandle,
+    check_agreement,
     checkpoint,
     finish_migration,
     migrate_chunk_task,
     resolve_migration,
+    restart_pass,
     start_migration,
 )
 from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit
@@ -49,7 +66,8 @@ class MigrationSummary(BaseModel):
     migration: str
     resource: str
     phase: str
-    progress: MigrationProgress
+    progress: MigrationProgress = Field(description="Counters of the last pass.")
+    passes: int = Field(default=1, description="Passes over the resource (more when the storage version moved).")
     message: str = ""
 
 
@@ -109,6 +127,58 @@ def _outcome_table(handle: MigrationHandle, progress: MigrationProgress, phase: 
     )
 
 
+def _fail(settings: Settings, handle: MigrationHandle, progress: MigrationProgress, *, reason: str,
+          message: str) -> State[Any]:  # fmt: skip
+    finish_migration(settings, handle, succeeded=False, reason=reason, message=message)
+    _outcome_table(handle, progress, "Failed")
+    _emit("failed", handle, progress, message)
+    return Failed(message=f"{handle.name}: {message}")
+
+
+@dataclass
+class Passes:
+    """Where the chunk loop stands (updated as it goes, so a stopped run reports its counters)."""
+
+    progress: MigrationProgress
+    failures: list[ObjectFailure]
+    token: str | None
+    passes: int = 1
+
+
+def _migrate_passes(
+    settings: Settings,
+    handle: MigrationHandle,
+    budget: RateLimitInfo,
+    run: Passes,
+    baseline: StorageVersionObservation | None,
+    artifact: UUID,
+) -> None:
+    """Chunk after chunk until the LIST is complete, asking after each checkpoint
+    whether the API servers still agree (seed 001), and again from the beginning
+    while the storage version moved during the pass. Raises `MigrationAborted`
+    (agreement lost, or a verdict of the chunk loop) and `MigrationCancelled`."""
+    while True:
+        chunk = migrate_chunk_task(settings, handle, run.token, budget)
+        run.progress = add_progress(run.progress, chunk)
+        run.failures = (run.failures + chunk.failures)[:MAX_RECORDED_FAILURES]
+        checkpoint(settings, handle, token=chunk.token_out, progress=run.progress, failures=run.failures)
+        update_progress_artifact(artifact_id=artifact, progress=_percent(run.progress))
+        run.token = chunk.token_out
+        now = check_agreement(settings, handle)
+        verdict = decide_agreement(resource=handle.group_resource, moment="end" if run.token is None else "chunk",
+                                   baseline=baseline, now=now, passes=run.passes)  # fmt: skip
+        if verdict.action == "abort":
+            raise MigrationAborted(verdict.reason, verdict.message)
+        if verdict.action == "rerun":
+            get_run_logger().warning("%s", verdict.message)
+            restart_pass(settings, handle, reason=verdict.reason, message=verdict.message)
+            run.progress, run.failures, run.token = MigrationProgress(), [], None
+            run.passes, baseline = run.passes + 1, now
+            continue
+        if run.token is None:
+            return
+
+
 @flow(name="migrate-resource", flow_run_name=_run_name, persist_result=False, log_prints=False)
 def migrate_resource(
     resource: str | None = None,
@@ -141,47 +211,45 @@ def migrate_resource(
     else:
         budget = RateLimitInfo(name=None, writes_per_second=settings.write_rate_per_second,
                                batch=batch_for(settings.write_rate_per_second))  # fmt: skip
+    # Seed 001: start only while the servers agree. A resumed run takes its baseline
+    # here too: a move between the crash and the resume is not seen (the request
+    # has no field to carry the first start's resourceVersion).
+    baseline = check_agreement(settings, handle)
+    verdict = decide_agreement(resource=handle.group_resource, moment="start", baseline=None, now=baseline)
+    if verdict.action == "abort":
+        logger.warning("%s: %s", handle.name, verdict.message)
+        return _fail(settings, handle, MigrationProgress(), reason=verdict.reason, message=verdict.message)
     try:
         start = start_migration(settings, handle, flow_run=str(flow_run.id) if flow_run.id else None)
     except MigrationCancelled as exc:
         return Cancelled(message=str(exc))
     _emit("started", handle, start.progress)
-    progress, failures, token = start.progress, list(start.failures), start.token
     logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
-                "its checkpoint" if token else "the beginning")  # fmt: skip
-    artifact = cast(UUID, create_progress_artifact(progress=_percent(progress), key=_artifact_key(handle.name),
+                "its checkpoint" if start.token else "the beginning")  # fmt: skip
+    artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name),
                                                    description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
+    run = Passes(progress=start.progress, failures=list(start.failures), token=start.token)
     try:
-        while True:
-            chunk = migrate_chunk_task(settings, handle, token, budget)
-            progress = add_progress(progress, chunk)
-            failures = (failures + chunk.failures)[:MAX_RECORDED_FAILURES]
-            checkpoint(settings, handle, token=chunk.token_out, progress=progress, failures=failures)
-            update_progress_artifact(artifact_id=artifact, progress=_percent(progress))
-            token = chunk.token_out
-            if token is None:
-                break
+        _migrate_passes(settings, handle, budget, run, baseline, artifact)
     except MigrationCancelled as exc:
         logger.warning("%s", exc)
-        _emit("cancelled", handle, progress, str(exc))
+        _emit("cancelled", handle, run.progress, str(exc))
         return Cancelled(message=str(exc))
     except MigrationAborted as exc:
-        finish_migration(settings, handle, succeeded=False, reason=exc.reason, message=exc.message)
-        _outcome_table(handle, progress, "Failed")
-        _emit("failed", handle, progress, exc.message)
-        return Failed(message=f"{handle.name}: {exc.message}")
+        logger.warning("%s: %s", handle.name, exc.message)
+        return _fail(settings, handle, run.progress, reason=exc.reason, message=exc.message)
+    progress = run.progress
     update_progress_artifact(artifact_id=artifact, progress=100.0)
     if progress.failed:
-        message = failure_summary(failures, progress.failed)
-        finish_migration(settings, handle, succeeded=False, reason="ObjectsFailed", message=message)
-        _outcome_table(handle, progress, "Failed")
-        _emit("failed", handle, progress, message)
-        return Failed(message=f"{handle.name}: {message}")
+        message = failure_summary(run.failures, progress.failed)
+        return _fail(settings, handle, progress, reason="ObjectsFailed", message=message)
     message = (f"{progress.listed} objects: {progress.rewritten} rewritten, {progress.unchanged} unchanged, "
                f"{progress.gone} gone, {progress.conflicted} written by others meanwhile")  # fmt: skip
+    if run.passes > 1:
+        message += f" (pass {run.passes}: the storage version moved during the earlier ones)"
     finish_migration(settings, handle, succeeded=True, reason="Completed", message=message)
     _outcome_table(handle, progress, "Succeeded")
     _emit("succeeded", handle, progress, message)
     logger.info("%s succeeded: %s", handle.name, message)
     return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=CONDITION_SUCCEEDED,
-                            progress=progress, message=message)  # fmt: skip
+                            progress=progress, passes=run.passes, message=message)  # fmt: skip

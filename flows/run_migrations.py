@@ -6,6 +6,11 @@ seed 003 asks; at most `max_parallel` resources at once), run each as its own
 `migrate-resource` flow run, and when one ends, look again. Deployed, each
 migration is a run of the `migrate-resource` deployment, so workers on several
 machines share the work; called directly, each is a subflow in this process.
+
+When one of them succeeded, the run ends with one detection poll (issue 10), so
+the StorageState of a migrated resource is refined at once instead of at the
+next scheduled poll. The poll starts nothing, and its failure is only a warning:
+the next scheduled poll does the same.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from prefect.runtime import deployment
 from pydantic import BaseModel, Field
 
 from flows.migrate_resource import migrate_resource
+from flows.polling import poll
 from storage_migrator.dispatch import migration_resource, plan_dispatch
 from storage_migrator.settings import Settings
 from tasks.dispatching import read_migrations
@@ -35,6 +41,9 @@ class DispatchSummary(BaseModel):
 
     outcomes: dict[str, str] = Field(default_factory=dict)
     waiting: dict[str, str] = Field(default_factory=dict, description="Pending requests left, with the reason.")
+    polled: list[str] | None = Field(
+        default=None, description="What the detection poll at the end changed; None when it did not run or failed."
+    )
 
 
 def _run_one(name: str, overrides: dict[str, Any], deployed: bool) -> str:
@@ -44,6 +53,21 @@ def _run_one(name: str, overrides: dict[str, Any], deployed: bool) -> str:
         return str(run.state.name) if run.state else "Unknown"
     state = migrate_resource(migration=name, return_state=True, **overrides)
     return str(state.name)
+
+
+def _refine(settings: Settings) -> list[str] | None:
+    """One detection poll, so migrations that just succeeded refine their StorageState now."""
+    logger = get_run_logger()
+    try:
+        polled = poll(settings)
+    except Exception as exc:  # noqa: BLE001 - the migrations are done; the next scheduled poll refines them
+        logger.warning("the detection poll after the migrations failed (%s: %s): the next scheduled poll "
+                       "refines their StorageStates", type(exc).__name__, exc)  # fmt: skip
+        return None
+    for error in polled.applied.errors:
+        logger.warning("detection poll after the migrations: %s", error)
+    logger.info("detection poll after the migrations: %s", "; ".join(polled.applied.done) or "nothing to change")
+    return polled.applied.done
 
 
 @flow(name="run-migrations", persist_result=False, log_prints=False)
@@ -98,6 +122,8 @@ def run_migrations(
                 except Exception as exc:  # noqa: BLE001 - one migration's crash must not stop the others
                     summary.outcomes[name] = f"Crashed: {type(exc).__name__}: {exc}"
                 logger.info("%s (%s): %s", name, resource, summary.outcomes[name])
+    if "Completed" in summary.outcomes.values():
+        summary.polled = _refine(settings)
     rows = [{"migration": n, "outcome": o} for n, o in summary.outcomes.items()]
     rows += [{"migration": n, "outcome": f"waiting: {r}"} for n, r in summary.waiting.items()]
     if rows:

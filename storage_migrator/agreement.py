@@ -28,8 +28,12 @@ from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.reporters import ReporterHash
 
 __all__ = [
+    "MAX_PASSES",
+    "AgreementMoment",
     "AgreementSource",
+    "AgreementVerdict",
     "StorageVersionObservation",
+    "decide_agreement",
     "reporters_from_storage_versions",
     "storage_version_name",
 ]
@@ -114,3 +118,103 @@ def reporters_from_storage_versions(
                 )
             )
     return out
+
+
+# --- Seed 001 "Consuming the StorageVersion API", in the migration run -------------
+
+#: When a migration run asks: before it starts, between two chunks, before it is marked Succeeded.
+AgreementMoment = Literal["start", "chunk", "end"]
+
+#: Passes of one run before a StorageVersion that keeps moving fails it (StorageVersionUnstable).
+MAX_PASSES: Final = 3
+
+
+class AgreementVerdict(BaseModel):
+    """What the run does next: go on, stop (`Failed` with `reason`), or migrate again from the beginning."""
+
+    model_config = ConfigDict(frozen=True)
+
+    action: Literal["go", "abort", "rerun"]
+    reason: str = Field(default="", description="The Failed condition's reason (abort) or the pass's (rerun).")
+    message: str = Field(default="", description="What happened and what to do, naming each server's encoding.")
+
+
+GO: Final = AgreementVerdict(action="go")
+
+
+def _disagree(resource: str, now: StorageVersionObservation) -> str:
+    return f"API servers disagree on the encoding version of {resource} ({now.describe()})"
+
+
+def decide_agreement(
+    *,
+    resource: str,
+    moment: AgreementMoment,
+    baseline: StorageVersionObservation | None,
+    now: StorageVersionObservation | None,
+    passes: int = 1,
+    max_passes: int = MAX_PASSES,
+) -> AgreementVerdict:
+    """Seed 001's rules for one migration run (DESIGN 4.4), as a table.
+
+    "The storage migrator starts migration if the agreedEncodingVersion ... [is set],
+    aborts ongoing migration if the storageVersion.status.agreedEncodingVersion is
+    empty", and "can determine if the storage version has changed in the middle of
+    migration by comparing the RV of the storageVersion object before and after the
+    migration" (Version Skew Strategy). As shipped, agreedEncodingVersion is
+    ``status.commonEncodingVersion``.
+
+    - `baseline` is the object read when the current pass began, `now` the one
+      just read; `passes` counts the passes made, this one included.
+    - No object now and none at the start (custom resources, aggregated APIs,
+      clusters without the API): no check, go.
+    - `commonEncodingVersion` empty: abort, `NoCommonEncodingVersion` before the
+      start (nothing written), `CommonEncodingVersionLost` once running (the
+      checkpoint is kept).
+    - At the end, a resourceVersion different from the baseline's (or an object
+      that appeared or vanished) means the storage version may have moved, even
+      if the servers agree on the same version again (a rollback and a
+      roll-forward between two reads): rerun from the beginning, at most
+      `max_passes` passes in all, then abort with `StorageVersionUnstable`.
+      Between chunks a moved resourceVersion alone is no reason to stop: the end
+      decides, so a pass is only repeated once.
+    """
+    if now is not None and now.common_encoding_version is None:
+        if moment == "start":
+            return AgreementVerdict(
+                action="abort",
+                reason="NoCommonEncodingVersion",
+                message=(
+                    f"{_disagree(resource, now)}: not started, nothing was written. Detection requests its "
+                    "migrations again once they agree; re-apply a request made by hand once "
+                    f"`kubectl get storageversions {now.name}` shows a commonEncodingVersion."
+                ),
+            )
+        return AgreementVerdict(
+            action="abort",
+            reason="CommonEncodingVersionLost",
+            message=(
+                f"{_disagree(resource, now)}: stopped; the checkpoint is kept. Objects written meanwhile may be "
+                "in either version: once the servers agree, a new migration of the resource runs from the beginning."
+            ),
+        )
+    if moment != "end" or (baseline is None and now is None):
+        return GO
+    if baseline is not None and now is not None and baseline.resource_version == now.resource_version:
+        return GO
+    name = now.name if now is not None else baseline.name if baseline is not None else resource
+    before = f"resourceVersion {baseline.resource_version}" if baseline else "no object"
+    after = f"resourceVersion {now.resource_version}, {now.describe()}" if now else "no object"
+    moved = (f"the storage version of {resource} changed while the migration ran "
+             f"(StorageVersion {name}: {before} -> {after})")  # fmt: skip
+    if passes >= max_passes:
+        return AgreementVerdict(
+            action="abort",
+            reason="StorageVersionUnstable",
+            message=f"{moved}, in each of {passes} passes: stopped; run it again once the upgrade is over.",
+        )
+    return AgreementVerdict(
+        action="rerun",
+        reason="StorageVersionChanged",
+        message=f"{moved}: migrating again from the beginning (pass {passes + 1} of at most {max_passes}).",
+    )

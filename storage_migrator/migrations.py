@@ -174,6 +174,15 @@ class MigrationRecord:
         )  # fmt: skip
         self._status_patch(conditions, progress=progress, failures=failures)
 
+    def restart_pass(self, *, now: datetime, reason: str, message: str) -> None:
+        """Reset the checkpoint for a new pass from the beginning (seed 001: the storage
+        version moved while the migration ran): token and counters cleared, failures
+        too (the new pass tries every object again), and the Running condition says why."""
+        self._patch({"spec": {"continueToken": ""}}, status=False)
+        conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
+                                   status="True", now=now, reason=reason, message=message)  # fmt: skip
+        self._status_patch(conditions, progress=MigrationProgress(), failures=[])
+
     def finish(self, *, succeeded: bool, now: datetime, reason: str, message: str) -> None:
         conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
                                    status="False", now=now, reason=reason, message=message)  # fmt: skip

@@ -1,5 +1,5 @@
-"""The tasks of one migration run: resolve the request, start, one task per
-chunk, checkpoint, finish.
+"""The tasks of one migration run: resolve the request, check the API servers'
+agreement (seed 001), start, one task per chunk, checkpoint, finish.
 
 Design decision (PREFECT.md "Costs"): one task run per LIST chunk, never one
 per object (a task run costs ~30 ms of server time). A chunk task's result is
@@ -18,10 +18,12 @@ from prefect import task
 from prefect.tasks import exponential_backoff
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.agreement import StorageVersionObservation
 from storage_migrator.chunks import ChunkOptions, ChunkResult, MigrationAborted, WriteMode, migrate_chunk
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.kube.storageversions import read_storage_version
 from storage_migrator.migrations import (
     MigrationCancelled,
     MigrationRecord,
@@ -205,6 +207,27 @@ def checkpoint(
     """Save the next token and the counters; `MigrationCancelled` if the request is gone."""
     with connected(settings) as api:
         _record(api, handle).save(token=token, progress=progress, failures=failures, now=_now())
+
+
+@task(name="check-agreement", **REQUEST_RETRIES, **PRIVATE)
+def check_agreement(settings: Settings, handle: MigrationHandle) -> StorageVersionObservation | None:
+    """The StorageVersion object of the resource being migrated (seed 001), or None: no check.
+
+    None when the API is not served, and for resources without an object of their
+    own: custom resources and aggregated APIs (none on v1.36), and a resource that
+    shares another's storage (`events.events.k8s.io` is published as `core.events`
+    only; the initializer migrates the storage owner, DESIGN 4.7).
+    """
+    with connected(settings) as api:
+        return read_storage_version(api, group=handle.group, resource=handle.resource,
+                                    timeout=settings.request_timeout_seconds)  # fmt: skip
+
+
+@task(name="restart-pass", **REQUEST_RETRIES, **PRIVATE)
+def restart_pass(settings: Settings, handle: MigrationHandle, *, reason: str, message: str) -> None:
+    """Reset the checkpoint for a new pass from the beginning; `MigrationCancelled` if the request is gone."""
+    with connected(settings) as api:
+        _record(api, handle).restart_pass(now=_now(), reason=reason, message=message)
 
 
 @task(name="finish-migration", **REQUEST_RETRIES, **PRIVATE)

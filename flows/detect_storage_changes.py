@@ -5,7 +5,7 @@ migrations; decide (a pure plan: create states, touch heartbeats, record a new
 storage version hash and request a migration once it has settled, refine
 `persistedStorageVersionHashes` when a migration to the current hash has
 succeeded, trim a CRD's `storedVersions`); apply; and start `run-migrations`
-for what it requested. The 10-minute cadence is the Prefect scheduler's
+for every pending request, its own or anyone's. The 10-minute cadence is the Prefect scheduler's
 (prefect.yaml); the deployment's concurrency limit of 1 keeps a slow poll from
 overlapping the next, which makes one poll at a time our "leader".
 """
@@ -38,7 +38,9 @@ def detect_storage_changes(
     settings = Settings.with_overrides(settle_seconds=settle_seconds, poll_seconds=poll_seconds,
                                        kubeconfig=kubeconfig, context=context)  # fmt: skip
     summary = poll(settings)
-    if summary.applied.created_migrations and start_migrations:
+    # Every pending request is run, whoever made it (DESIGN 4.6): one applied with
+    # kubectl, or one the closing poll of run-migrations made, starts within a poll.
+    if summary.runnable and start_migrations:
         if deployment.id is not None:
             run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
         else:

@@ -15,7 +15,8 @@ from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field
 
 from storage_migrator.agreement import AgreementSource
-from storage_migrator.detection import DetectionSettings, plan_detection
+from storage_migrator.detection import DeleteMigration, DetectionSettings, plan_detection
+from storage_migrator.dispatch import plan_dispatch
 from storage_migrator.settings import Settings
 from tasks.detecting import Applied, apply_plan, observe
 
@@ -27,6 +28,13 @@ class PollSummary(BaseModel):
     skipped: dict[str, str]
     agreement_source: AgreementSource = Field(description="DESIGN 4.4: where the reporters' hashes came from.")
     api_servers: list[str] = Field(default_factory=list, description="The reporters heard in this poll.")
+    runnable: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Requests that run-migrations would start now, whoever made them (DESIGN 4.6: all are run); "
+            "not those running under a live lease."
+        ),
+    )
 
 
 def detection_settings(settings: Settings) -> DetectionSettings:
@@ -56,9 +64,14 @@ def poll(settings: Settings) -> PollSummary:
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:
         create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")
+    deleted = {a.name for a in plan.of_kind(DeleteMigration)}
+    kept = [m for m in seen.migrations if m.metadata.name not in deleted]
+    startable = plan_dispatch(kept, now=datetime.now(UTC), max_parallel=settings.max_parallel_migrations,
+                              lease_seconds=settings.lease_seconds).start  # fmt: skip
     return PollSummary(
         applied=applied,
         skipped={s.group_resource: s.reason for s in plan.skipped},
         agreement_source=seen.agreement_source,
         api_servers=seen.api_servers,
+        runnable=sorted({*startable, *applied.created_migrations}),
     )

@@ -40,8 +40,8 @@ def running_in_cluster() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
 
 
-def _fresh_configuration(settings: Settings) -> Configuration:
-    configuration = Configuration()
+def _fresh_configuration(settings: Settings, *, server: str | None = None) -> Configuration:
+    configuration = _OneServer(server.rstrip("/")) if server else Configuration()
     configuration.connection_pool_maxsize = max(
         configuration.connection_pool_maxsize or 0,
         settings.write_concurrency + _SPARE_CONNECTIONS,
@@ -57,7 +57,7 @@ def api_client_from_settings(settings: Settings, *, server: str | None = None) -
     ``~/.kube/config`` when no path is given). ``server`` talks to one API server
     of an HA control plane with the same credentials (DESIGN 4.4).
     """
-    configuration = _fresh_configuration(settings)
+    configuration = _fresh_configuration(settings, server=server)
     use_in_cluster = settings.in_cluster
     if use_in_cluster is None:
         use_in_cluster = settings.kubeconfig is None and running_in_cluster()
@@ -82,9 +82,31 @@ def api_client_from_settings(settings: Settings, *, server: str | None = None) -
             "(or KUBECONFIG, or --kubeconfig) at a valid kubeconfig and STORAGE_MIGRATOR_CONTEXT at one of its "
             "contexts, or run in a pod with a service account."
         ) from exc
-    if server:
-        configuration.host = server.rstrip("/")
     return ApiClient(configuration=configuration)
+
+
+class _OneServer(Configuration):  # type: ignore[misc]
+    """A configuration whose host stays the one API server chosen (DESIGN 4.4).
+
+    The kubeconfig loader installs a hook that reloads the kubeconfig before every
+    authenticated request (to refresh tokens), and the reload sets the host back to
+    the kubeconfig's server: here the host cannot be changed after it is pinned.
+    """
+
+    def __init__(self, host: str) -> None:
+        self._pinned: str | None = None
+        super().__init__()
+        self._pinned = host
+
+    @property
+    def host(self) -> str:
+        return self._pinned or str(self.get_host_from_settings(self.server_index, variables=self.server_variables))
+
+    @host.setter
+    def host(self, value: str) -> None:
+        if self._pinned is None:
+            self._base_path = value
+            self.server_index = None
 
 
 def api_client_from_config_dict(

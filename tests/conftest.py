@@ -92,34 +92,40 @@ def namespace(kubesim: Kubesim) -> Iterator[str]:
 CRD_DIR = Path(__file__).resolve().parents[1] / "deployments" / "crds"
 
 
-@pytest.fixture(scope="session")
-def migration_crds(kubesim_session: Kubesim) -> None:
-    """Our CRDs installed in the shared cluster (idempotent), and served."""
+def install_migration_crds(api: Any) -> None:
+    """`deployments/crds/` into a cluster (those already there are kept), served before returning."""
     import time
 
     import yaml
     from kubernetes import client as k8s
+
+    ext = k8s.ApiextensionsV1Api(api)
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        try:
+            ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+    custom = k8s.CustomObjectsApi(api)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations")
+            return
+        except k8s.ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def migration_crds(kubesim_session: Kubesim) -> None:
+    """Our CRDs installed in the shared cluster (idempotent), and served."""
     from kubernetes import config as k8s_config
 
     api = k8s_config.new_client_from_config(config_file=kubesim_session.kubeconfig)
-    ext = k8s.ApiextensionsV1Api(api)
     try:
-        for path in sorted(CRD_DIR.glob("*.yaml")):
-            try:
-                ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-            except k8s.ApiException as exc:
-                if exc.status != 409:
-                    raise
-        custom = k8s.CustomObjectsApi(api)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations")
-                return
-            except k8s.ApiException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        install_migration_crds(api)
     finally:
         api.close()
 
@@ -260,3 +266,18 @@ def kubectl(request: pytest.FixtureRequest, kubesim: Kubesim, tmp_path: Path) ->
     home = tmp_path / "home"
     home.mkdir()
     return Kubectl(kubeconfig=kubesim.kubeconfig, home=home, binary=binary)
+
+
+def migration_requested_by_detection(action: Any, *, name: str, now: Any) -> Any:
+    """The StorageVersionMigration a CreateMigration action makes, as tasks/detecting.py creates it
+    (for the unit tests that apply detection plans to an in-memory cluster)."""
+    from storage_migrator.detection import DETECTION_LABEL
+    from storage_migrator.models import new_storage_version_migration
+
+    migration = new_storage_version_migration(
+        group=action.group, version=action.version, resource=action.resource, name=name,
+        labels={DETECTION_LABEL: "detection"},
+    )  # fmt: skip
+    migration.metadata.uid = f"uid-{name}"
+    migration.metadata.creation_timestamp = now
+    return migration

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from conftest import install_migration_crds
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
 
@@ -49,22 +49,6 @@ COUNT = 120
 CHUNK = 10
 HOLD_SECONDS = 3.0
 HELD = "cm-0055"  # in the 6th of 12 chunks
-
-
-def install_migration_crds(api: ApiClient) -> None:
-    """deployments/crds/ into the test's cluster, served before returning (as in test_restart_window)."""
-    ext = k8s.ApiextensionsV1Api(api)
-    for path in sorted((Path(__file__).resolve().parents[2] / "deployments" / "crds").glob("*.yaml")):
-        ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-    custom = k8s.CustomObjectsApi(api)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations")
-            return
-        except k8s.ApiException:
-            assert time.monotonic() < deadline, "our CRDs were never served"
-            time.sleep(0.1)
 
 
 @pytest.fixture

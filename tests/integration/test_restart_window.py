@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import install_migration_crds
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
 
@@ -247,24 +248,6 @@ def test_a_real_rbac_403_still_fails_the_object_after_one_more_try(kubesim: Any,
     assert progress.failed == 1
     assert [(f.namespace, f.name, f.code, f.reason) for f in failures] == [(namespace, "cm-07", 403, "Forbidden")]
     assert f"{namespace}/cm-07 (403 Forbidden" in failure_summary(failures, progress.failed)
-
-
-def install_migration_crds(api: ApiClient) -> None:
-    """deployments/crds/ into a cluster of the test's own, served before returning."""
-    import yaml
-
-    ext = k8s.ApiextensionsV1Api(api)
-    for path in sorted((Path(__file__).resolve().parents[2] / "deployments" / "crds").glob("*.yaml")):
-        ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-    custom = k8s.CustomObjectsApi(api)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations")
-            return
-        except k8s.ApiException:
-            assert time.monotonic() < deadline, "our CRDs were never served"
-            time.sleep(0.1)
 
 
 @pytest.mark.usefixtures("prefect_api")

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import install_migration_crds
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from test_restart_window import install_migration_crds
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster

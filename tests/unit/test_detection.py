@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from conftest import migration_requested_by_detection
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
@@ -259,16 +260,7 @@ class Cluster:
                 del self.migrations[action.name]
             elif isinstance(action, CreateMigration):
                 name = f"{action.group_resource}-{next(self.serial)}"
-                m = new_storage_version_migration(
-                    group=action.group,
-                    version=action.version,
-                    resource=action.resource,
-                    name=name,
-                    labels={DETECTION_LABEL: "detection"},
-                )
-                m.metadata.uid = f"uid-{name}"
-                m.metadata.creation_timestamp = now
-                self.migrations[name] = m
+                self.migrations[name] = migration_requested_by_detection(action, name=name, now=now)
                 created.append(name)
             elif isinstance(action, TrimStoredVersions):
                 old_crd = self.crds[action.crd_name]

@@ -22,9 +22,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Literal
 
 import pytest
+from conftest import migration_requested_by_detection
 
 from storage_migrator.detection import (
-    DETECTION_LABEL,
     SINCE_ANNOTATION,
     CreateMigration,
     CreateState,
@@ -48,7 +48,6 @@ from storage_migrator.models import (
     StorageStateStatus,
     StorageVersionHash,
     StorageVersionMigration,
-    new_storage_version_migration,
     set_condition,
 )
 
@@ -151,16 +150,7 @@ class World:
                 del self.migrations[action.name]
             elif isinstance(action, CreateMigration):
                 name = f"{action.group_resource}-{next(self.serial)}"
-                m = new_storage_version_migration(
-                    group=action.group,
-                    version=action.version,
-                    resource=action.resource,
-                    name=name,
-                    labels={DETECTION_LABEL: "detection"},
-                )
-                m.metadata.uid = f"uid-{name}"
-                m.metadata.creation_timestamp = now
-                self.migrations[name] = m
+                self.migrations[name] = migration_requested_by_detection(action, name=name, now=now)
             else:
                 pytest.fail(f"unexpected {action.kind}")
 

@@ -191,6 +191,12 @@ def builtin_resources() -> list[ResourceType]:
         _builtin("coordination.k8s.io", "leases", "Lease"),
         # The `kubernetes` Service's slices: one per live API server (kubesim/cluster.py).
         _builtin("discovery.k8s.io", "endpointslices", "EndpointSlice"),
+        # RBAC objects are stored and served, so `kubectl apply -f deployments/` works; they
+        # authorize nothing in kubesim (docs/kubesim.md, "What kubesim does not model").
+        _builtin("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", namespaced=False),
+        _builtin("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
+        _builtin("rbac.authorization.k8s.io", "roles", "Role"),
+        _builtin("rbac.authorization.k8s.io", "rolebindings", "RoleBinding"),
         # The StorageVersion API (seed 001 as shipped: reference/storageversion-core-secrets.json),
         # behind its gate as on a real server (off: the group is not served).
         _builtin(

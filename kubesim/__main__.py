@@ -18,6 +18,7 @@ from typing import Any
 from kubesim.admin import Admin, AdminError
 from kubesim.cluster import Cluster
 from kubesim.codec import ENCRYPTED_PREFIX
+from kubesim.encryption import ConfigError
 from kubesim.etcd import EtcdStore, prefix_end
 from kubesim.leases import LEASE_SECONDS
 from kubesim.resources import FEATURE_GATES
@@ -57,8 +58,11 @@ def serve(args: argparse.Namespace) -> int:
             authz_warmup_seconds=args.authz_warmup,
             identity_lease_seconds=args.identity_lease_duration_seconds,
             feature_gates=args.feature_gates,
+            encryption_config=args.encryption_provider_config,
+            automatic_reload=args.encryption_provider_config_automatic_reload,
+            reload_interval=args.encryption_provider_config_reload_interval,
         ).start()
-    except RuntimeError as exc:
+    except (RuntimeError, ConfigError) as exc:
         print(f"kubesim: {exc}", file=sys.stderr)
         return 1
     try:
@@ -171,6 +175,16 @@ def parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--identity-lease-duration-seconds", type=int, default=LEASE_SECONDS, metavar="SECONDS",
                          help="each API server's identity lease in kube-system, as kube-apiserver's flag (default "
                          f"{LEASE_SECONDS}); a server gone for longer loses its StorageVersion entries")  # fmt: skip
+    p_serve.add_argument("--encryption-provider-config", metavar="FILE",
+                         help="an EncryptionConfiguration file (apiserver.config.k8s.io/v1; aescbc and identity "
+                         "providers), as kube-apiserver's flag; an invalid file refuses to start. Without it, "
+                         "Secrets are encrypted with key1 and `admin encryption` changes the keys")  # fmt: skip
+    p_serve.add_argument("--encryption-provider-config-automatic-reload", action="store_true",
+                         help="re-read the file when its content changes; an invalid new file keeps the previous "
+                         "configuration (logged, and shown by `admin state`)")  # fmt: skip
+    p_serve.add_argument("--encryption-provider-config-reload-interval", type=float, default=1.0, metavar="SECONDS",
+                         help="how often the file is polled (kubesim only; kube-apiserver checks about every "
+                         "minute; default 1)")  # fmt: skip
     p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p_serve.set_defaults(func=serve)
 

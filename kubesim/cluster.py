@@ -30,10 +30,10 @@ from typing import Any
 
 import yaml
 
-from kubesim import leases
+from kubesim import encryption, leases
 from kubesim.errors import StatusError
 from kubesim.etcd import EtcdProcess, EtcdStore
-from kubesim.registry import Registry, ServerConfig
+from kubesim.registry import EncryptionConfig, Registry, ServerConfig
 from kubesim.server import ApiServer
 
 
@@ -81,10 +81,20 @@ class Cluster:
         authz_warmup_seconds: float = 0.0,
         identity_lease_seconds: int = leases.LEASE_SECONDS,
         feature_gates: Mapping[str, bool] | None = None,
+        encryption_config: Path | str | None = None,
+        automatic_reload: bool = False,
+        reload_interval: float = 1.0,
     ) -> None:
         """`identity_lease_seconds`: each server's identity lease (kube-apiserver's
         --identity-lease-duration-seconds, 3600 s); `feature_gates`: applied to the
-        ServerConfig of every server this cluster creates (kube-apiserver's --feature-gates)."""
+        ServerConfig of every server this cluster creates (kube-apiserver's --feature-gates).
+
+        `encryption_config`: an `EncryptionConfiguration` file every server reads
+        (kube-apiserver's --encryption-provider-config, kubesim/encryption.py); an
+        invalid one makes start() raise encryption.ConfigError. `automatic_reload`
+        (--encryption-provider-config-automatic-reload): each server polls the file
+        every `reload_interval` seconds (kube-apiserver: about a minute) and
+        applies a changed, valid content."""
         self._etcd_process: EtcdProcess | None = None
         self._etcd_url = etcd_url
         self._count = servers
@@ -92,6 +102,8 @@ class Cluster:
         self._authz_warmup_seconds = authz_warmup_seconds
         self.identity_lease_seconds = identity_lease_seconds
         self._feature_gates = dict(feature_gates or {})
+        self._encryption_config = Path(encryption_config) if encryption_config is not None else None
+        self._reload_interval = reload_interval if automatic_reload else None
         self.servers: list[ApiServer] = []
         self.kubeconfig: Path | None = None
         # The endpoint reconciler's writes, through an etcd client of their own (not counted as clients').
@@ -108,6 +120,8 @@ class Cluster:
         return self.servers[0]
 
     def start(self) -> Cluster:
+        if self._encryption_config is not None:
+            encryption.load(self._encryption_config)  # refuse a bad file before starting etcd
         if self._etcd_url is None:
             self._etcd_process = EtcdProcess().start()
             self._etcd_url = self._etcd_process.url
@@ -128,6 +142,10 @@ class Cluster:
             config = ServerConfig()
             for gate, on in self._feature_gates.items():
                 (config.feature_gates.add if on else config.feature_gates.discard)(gate)
+            if self._encryption_config is not None:
+                config.encryption = EncryptionConfig.from_file(
+                    self._encryption_config, reload_interval=self._reload_interval
+                )
         server = self._start_server(port=port, config=config, authz_warmup_seconds=authz_warmup_seconds)
         self.servers.append(server)
         self._add_endpoint(server)

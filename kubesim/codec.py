@@ -9,6 +9,10 @@ and encrypts with real AES-CBC under a `k8s:enc:aescbc:v1:<key>:` prefix.
 The JSON is canonical (sorted keys, no spaces, no `resourceVersion`, which
 etcd's mod_revision stands for), so "would the encoded bytes differ?" (the no-op
 rule, DESIGN 6) is a plain byte comparison.
+
+Keys set through the admin API get a secret derived from their name; keys of an
+`--encryption-provider-config` file (kubesim/encryption.py) bring their own,
+passed as `read_keys={name: secret}` and `write_secret`.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,22 +45,24 @@ class Stored:
     plaintext: bytes
 
 
-def _secret(key_name: str) -> bytes:
+def derived_secret(key_name: str) -> bytes:
     # A deterministic 256-bit key per name: the simulator needs real ciphertext
     # and a key name in the prefix, not key management.
     return hashlib.sha256(b"kubesim-aescbc:" + key_name.encode()).digest()
 
 
-def encrypt(plaintext: bytes, key_name: str) -> bytes:
+def encrypt(plaintext: bytes, key_name: str, secret: bytes | None = None) -> bytes:
     iv = os.urandom(16)
     padder = padding.PKCS7(128).padder()
     padded = padder.update(plaintext) + padder.finalize()
-    encryptor = Cipher(algorithms.AES(_secret(key_name)), modes.CBC(iv)).encryptor()
+    aes = algorithms.AES(secret if secret is not None else derived_secret(key_name))
+    encryptor = Cipher(aes, modes.CBC(iv)).encryptor()
     body = encryptor.update(padded) + encryptor.finalize()
     return f"k8s:enc:{AESCBC}:v1:{key_name}:".encode() + iv + body
 
 
-def decrypt(value: bytes, read_keys: list[str]) -> tuple[bytes, str]:
+def decrypt(value: bytes, read_keys: Sequence[str] | Mapping[str, bytes]) -> tuple[bytes, str]:
+    """`read_keys`: key names (secrets derived from them) or {name: secret}."""
     header, sep, rest = value[len(ENCRYPTED_PREFIX) :].partition(b":")
     # value = k8s:enc:<provider>:v1:<key>:<iv><ciphertext>
     provider = header.decode(errors="replace")
@@ -68,7 +75,8 @@ def decrypt(value: bytes, read_keys: list[str]) -> tuple[bytes, str]:
         raise DecodeError(f"no read key named {key_name!r}: the value cannot be decrypted")
     iv, body = payload[:16], payload[16:]
     try:
-        decryptor = Cipher(algorithms.AES(_secret(key_name)), modes.CBC(iv)).decryptor()
+        secret = read_keys[key_name] if isinstance(read_keys, Mapping) else derived_secret(key_name)
+        decryptor = Cipher(algorithms.AES(secret), modes.CBC(iv)).decryptor()
         padded = decryptor.update(body) + decryptor.finalize()
         unpadder = padding.PKCS7(128).unpadder()
         return unpadder.update(padded) + unpadder.finalize(), key_name
@@ -84,19 +92,25 @@ def canonical_json(obj: dict[str, Any]) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def encode(obj: dict[str, Any], *, write_key: str | None) -> tuple[bytes, bytes]:
+def encode(obj: dict[str, Any], *, write_key: str | None, write_secret: bytes | None = None) -> tuple[bytes, bytes]:
     """(the etcd value, its plaintext) for an object already in its storage version."""
     plaintext = canonical_json(obj)
     if write_key is None:
         return plaintext, plaintext
-    return encrypt(plaintext, write_key), plaintext
+    return encrypt(plaintext, write_key, write_secret), plaintext
 
 
-def decode(value: bytes, *, read_keys: list[str]) -> Stored:
+def decode(value: bytes, *, read_keys: Sequence[str] | Mapping[str, bytes], plaintext_readable: bool = True) -> Stored:
+    """`plaintext_readable=False`: the resource has no `identity` provider, so a value
+    in the clear is refused, as kube-apiserver's prefix transformers refuse it."""
     key_name: str | None = None
     plaintext = value
     if value.startswith(ENCRYPTED_PREFIX):
         plaintext, key_name = decrypt(value, read_keys)
+    elif not plaintext_readable:
+        raise DecodeError(
+            "no matching prefix found: the value is stored in plaintext and the resource has no identity provider"
+        )
     try:
         obj = json.loads(plaintext)
     except ValueError as exc:

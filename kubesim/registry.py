@@ -31,9 +31,10 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from kubesim import codec
+from kubesim import codec, encryption
 from kubesim.crds import admit_custom_resource, crd_established, crd_status, validate_crd
 from kubesim.errors import (
     StatusError,
@@ -66,15 +67,44 @@ def now_rfc3339() -> str:
 
 @dataclass
 class EncryptionConfig:
-    """Which resources are encrypted at rest, and with which keys (write key first)."""
+    """Which resources are encrypted at rest, and with which keys (write key first).
+
+    Two sources. The admin API sets `resources` and `keys` (secrets derived from
+    the key names; every key reads every resource). Or, as kube-apiserver's
+    `--encryption-provider-config`, a file (kubesim/encryption.py): then `file`
+    alone decides, per resource, and `resources`/`keys` are not used.
+    """
 
     resources: set[str] = field(default_factory=lambda: {"secrets"})
     keys: list[str] = field(default_factory=lambda: ["key1"])
+    #: The parsed `--encryption-provider-config` file, swapped whole on a reload.
+    file: encryption.EncryptionConfiguration | None = None
+    file_path: Path | None = None
+    #: Seconds between polls of the file (`--encryption-provider-config-automatic-reload`); None: read once.
+    reload_interval: float | None = None
+    #: The last failed reload (the previous configuration stays), None after a good one.
+    reload_error: str | None = None
+
+    @classmethod
+    def from_file(cls, path: Path | str, *, reload_interval: float | None = None) -> EncryptionConfig:
+        """Read at start: an invalid file raises encryption.ConfigError (the server refuses to start)."""
+        return cls(file=encryption.load(path), file_path=Path(path), reload_interval=reload_interval)
+
+    def transformer(self, group_resource: str) -> encryption.Transformer:
+        config = self.file  # one read: a reload swaps the whole configuration
+        if config is not None:
+            return config.transformer(group_resource)
+        keys = list(self.keys)
+        write = keys[0] if group_resource in self.resources and keys else None
+        return encryption.Transformer(
+            write_key=write,
+            write_secret=None,  # derived from the name (codec.derived_secret)
+            read_keys={k: codec.derived_secret(k) for k in keys},
+            plaintext_readable=True,
+        )
 
     def write_key(self, group_resource: str) -> str | None:
-        if group_resource in self.resources and self.keys:
-            return self.keys[0]
-        return None
+        return self.transformer(group_resource).write_key
 
 
 @dataclass
@@ -228,18 +258,17 @@ class Registry:
         raise resource_not_found()
 
     # ----- encoding -------------------------------------------------------
-    def _read_keys(self) -> list[str]:
-        return list(self.config.encryption.keys)
-
     def _decode(self, kv: KV, group_resource: str) -> codec.Stored:
+        t = self.config.encryption.transformer(group_resource)
         try:
-            return codec.decode(kv.value, read_keys=self._read_keys())
+            return codec.decode(kv.value, read_keys=t.read_keys, plaintext_readable=t.plaintext_readable)
         except codec.DecodeError as exc:
             raise internal(f"unable to transform key {kv.key.decode()!r} of {group_resource}: {exc}") from exc
 
     def _encode(self, rt: ResourceType, obj: dict[str, Any]) -> tuple[bytes, bytes]:
         stored = self.to_storage(rt, obj)
-        return codec.encode(stored, write_key=self.config.encryption.write_key(storage_group_resource(rt)))
+        t = self.config.encryption.transformer(storage_group_resource(rt))
+        return codec.encode(stored, write_key=t.write_key, write_secret=t.write_secret)
 
     def to_storage(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
         # Conversion is an apiVersion rewrite (no webhooks, no field renames).

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
-from kubesim import aggregation, health, leases, openapi, openapi_v2, protobuf, storageversions
+from kubesim import aggregation, encryption, health, leases, openapi, openapi_v2, protobuf, storageversions
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
@@ -146,6 +146,8 @@ class ApiServer:
         self.host, self.port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None
         self.stopping = threading.Event()
+        #: Polls the --encryption-provider-config file while started, with automatic reload on.
+        self.encryption_reloader: encryption.Reloader | None = None
 
     @property
     def url(self) -> str:
@@ -159,10 +161,16 @@ class ApiServer:
         (or the garbage collector takes its fresh entries for stale ones), and "the
         API server [updates] the storageVersion before accepting API requests".
         """
+        try:
+            self._read_encryption_file()
+        except encryption.ConfigError:
+            self.httpd.server_close()
+            raise
         self.identity = leases.IdentityLease(
             self.registry.etcd.url, self.registry.config, lease_seconds=identity_lease_seconds
         ).start()
         storageversions.publish(self.registry)
+        self._start_encryption_reload()
         self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"kubesim-{self.port}", daemon=True)
         self._thread.start()
         return self
@@ -185,6 +193,36 @@ class ApiServer:
         if self.identity is not None:
             self.identity.stop(lease_seconds=lease_seconds)
             self.identity = None
+        if self.encryption_reloader is not None:
+            self.encryption_reloader.stop()
+            self.encryption_reloader = None
+
+    def _read_encryption_file(self) -> None:
+        """kube-apiserver reads --encryption-provider-config at every start (a restart too):
+        an invalid file raises encryption.ConfigError and the server does not start."""
+        enc = self.registry.config.encryption
+        if enc.file_path is not None:
+            enc.file = encryption.load(enc.file_path)
+            enc.reload_error = None
+
+    def _start_encryption_reload(self) -> None:
+        """kube-apiserver's --encryption-provider-config-automatic-reload: poll the file."""
+        enc = self.registry.config.encryption
+        if enc.file is None or enc.file_path is None or enc.reload_interval is None:
+            return
+
+        def apply(config: encryption.EncryptionConfiguration) -> None:
+            with self.registry.lock:
+                enc.file = config
+
+        def report(error: str | None) -> None:
+            enc.reload_error = error
+
+        self.encryption_reloader = encryption.Reloader(
+            path=enc.file_path, interval=enc.reload_interval, current_hash=enc.file.hash, apply=apply,
+            report_error=report,
+        )  # fmt: skip
+        self.encryption_reloader.start()
 
     # ----- admin ----------------------------------------------------------
     def admin_state(self) -> dict[str, Any]:
@@ -194,10 +232,31 @@ class ApiServer:
             "storageVersions": {
                 storage_group_resource(rt): rt.storage_version for rt in self.registry.builtin_types() if not rt.virtual
             },
-            "encryption": {"resources": sorted(cfg.encryption.resources), "keys": list(cfg.encryption.keys)},
+            "encryption": self._encryption_state(),
             "featureGates": {gate: gate in cfg.feature_gates for gate in FEATURE_GATES},
             "etcdURL": self.registry.etcd.url,
             "etcdRevision": self.registry.etcd.revision(),
+        }
+
+    def _encryption_state(self) -> dict[str, Any]:
+        enc = self.registry.config.encryption
+        file = enc.file
+        if file is None:
+            return {"resources": sorted(enc.resources), "keys": list(enc.keys)}
+        summary = file.summary()
+        keys = list(dict.fromkeys(k for rule in summary for k in rule["readKeys"]))
+        return {
+            # The admin-API shape, filled from the file: encrypted patterns, every key name.
+            "resources": sorted(rule["resource"] for rule in summary if rule["writeKey"] is not None),
+            "keys": keys,
+            "providerConfig": {
+                "path": str(enc.file_path),
+                "hash": file.hash,
+                "automaticReload": enc.reload_interval is not None,
+                "reloadIntervalSeconds": enc.reload_interval,
+                "lastReloadError": enc.reload_error,
+                "resources": summary,
+            },
         }
 
     def set_storage_version(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -223,6 +282,12 @@ class ApiServer:
         return self.admin_state()
 
     def set_encryption(self, body: dict[str, Any]) -> dict[str, Any]:
+        path = self.registry.config.encryption.file_path
+        if path is not None:
+            raise bad_request(
+                f"this server reads its encryption configuration from {path} (--encryption-provider-config): "
+                "edit that file instead"
+            )
         keys = body.get("keys")
         resources = body.get("resources")
         if not isinstance(keys, list) or not all(isinstance(k, str) and re.match(r"^[A-Za-z0-9_-]+$", k) for k in keys):

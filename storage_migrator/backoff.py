@@ -16,6 +16,9 @@ import random
 from storage_migrator.kube.errors import KubeError
 
 __all__ = ["retry_delay"]
+#: Jitter draws from a generator of its own: writer threads must not move the
+#: process-wide `random` state (test frameworks that seed it notice).
+_JITTER = random.Random()
 
 #: Longest Retry-After we obey; a larger hint is capped so that a run cannot stall for hours.
 MAX_SERVER_HINT_SECONDS = 300.0
@@ -35,4 +38,4 @@ def retry_delay(
         return min(float(hint), MAX_SERVER_HINT_SECONDS)
     # 2**attempt overflows a float past attempt 1023; any attempt past 64 is at the cap anyway.
     ceiling = min(cap, base * (2.0 ** min(attempt, 64)))
-    return (rng or random).uniform(ceiling / 2, ceiling)
+    return (rng or _JITTER).uniform(ceiling / 2, ceiling)

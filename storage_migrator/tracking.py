@@ -26,6 +26,7 @@ from storage_migrator.models import storage_state_name
 __all__ = [
     "SkippedResource",
     "StorageTracking",
+    "select_resources",
     "track_storage",
     "tracked_resources",
     "unfit_reason",
@@ -122,3 +123,21 @@ def tracked_resources(
     """The resources to track (sorted by group, resource) and the ones left out, with reasons."""
     tracking = track_storage(discovered)
     return tracking.kept, tracking.skipped_resources()
+
+
+def select_resources(
+    discovered: Sequence[DiscoveredResource], *, include: Sequence[str] = (), exclude: Sequence[str] = ()
+) -> list[DiscoveredResource]:
+    """The entries an operator asked to track (DESIGN 5: resources to include / exclude).
+
+    Names are ``<resource>`` (core) or ``<resource>.<group>``; an empty include
+    list means all; exclude applies after include.
+    """
+    included = {n.strip().lower() for n in include if n.strip()}
+    excluded = {n.strip().lower() for n in exclude if n.strip()}
+    out = []
+    for entry in discovered:
+        name = storage_state_name(entry.group, entry.resource.split("/", 1)[0])
+        if (not included or name in included) and name not in excluded:
+            out.append(entry)
+    return out

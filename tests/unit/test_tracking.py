@@ -69,3 +69,21 @@ def test_shared_storage_is_tracked_once_under_the_first_group() -> None:
     kept, skipped = tracked_resources([other, lookalike, core])
     assert kept == [core, lookalike]
     assert [(s.group_resource, s.reason) for s in skipped] == [("events.events.k8s.io", "shares storage with events")]
+
+
+def test_select_resources_honours_include_then_exclude() -> None:
+    """DESIGN 5: "resources to include / exclude" apply to detection as to initialize."""
+    from storage_migrator.kube.discovery import DiscoveredResource
+    from storage_migrator.tracking import select_resources
+
+    def entry(group: str, resource: str) -> DiscoveredResource:
+        return DiscoveredResource(group=group, version="v1", resource=resource, kind="K", namespaced=True,
+                                  verbs=("list", "patch"), storage_version_hash="h", is_subresource="/" in resource)  # fmt: skip
+
+    found = [entry("", "configmaps"), entry("", "secrets"), entry("apps", "deployments"), entry("", "secrets/status")]
+    names = lambda xs: [f"{e.resource}.{e.group}" if e.group else e.resource for e in xs]  # noqa: E731
+    assert names(select_resources(found)) == ["configmaps", "secrets", "deployments.apps", "secrets/status"]
+    assert names(select_resources(found, include=["secrets", "deployments.apps"])) == [
+        "secrets", "deployments.apps", "secrets/status"]  # fmt: skip
+    assert names(select_resources(found, exclude=["SECRETS"])) == ["configmaps", "deployments.apps"]
+    assert names(select_resources(found, include=["secrets"], exclude=["secrets"])) == []

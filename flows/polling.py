@@ -17,7 +17,9 @@ from pydantic import BaseModel, Field
 from storage_migrator.agreement import AgreementSource
 from storage_migrator.detection import DeleteMigration, DetectionSettings, plan_detection
 from storage_migrator.dispatch import plan_dispatch
+from storage_migrator.retention import plan_retention
 from storage_migrator.settings import Settings
+from storage_migrator.tracking import select_resources
 from tasks.detecting import Applied, apply_plan, observe
 
 
@@ -48,7 +50,9 @@ def detection_settings(settings: Settings) -> DetectionSettings:
 
 
 def poll(settings: Settings) -> PollSummary:
-    """Seed 000's triggering controller, once: every decision is `plan_detection`'s."""
+    """Seed 000's triggering controller, once: every decision is `plan_detection`'s, and
+    `plan_retention`'s for finished requests older than `request_retention_seconds`
+    (a Failed one only once a person annotates it `migration.k8s.io/acknowledged: "true"`)."""
     logger = get_run_logger()
     seen = observe(settings)
     if seen.failed_group_versions:
@@ -56,10 +60,18 @@ def poll(settings: Settings) -> PollSummary:
         logger.warning("discovery incomplete (%s): those resources are left for the next poll",
                        ", ".join(seen.failed_group_versions))  # fmt: skip
     logger.info("agreement from %s: %s", seen.agreement_source, ", ".join(seen.api_servers) or "one server")
+    discovered = select_resources(seen.discovered, include=settings.include_resources,
+                                  exclude=settings.exclude_resources)  # fmt: skip
     plan = plan_detection(
-        discovered=seen.discovered, states=seen.states, migrations=seen.migrations, crds=seen.crds,
+        discovered=discovered, states=seen.states, migrations=seen.migrations, crds=seen.crds,
         reporters=seen.reporters, now=datetime.now(UTC), settings=detection_settings(settings),
     )  # fmt: skip
+    # Issue 11: finished requests past their retention go with the poll's other deletions.
+    planned = {a.name for a in plan.of_kind(DeleteMigration)}
+    expired = [a for a in plan_retention(seen.migrations, now=datetime.now(UTC),
+                                         retention_seconds=settings.request_retention_seconds)
+               if a.name not in planned]  # fmt: skip
+    plan = plan.model_copy(update={"actions": [*plan.actions, *expired]})
     applied = apply_plan(settings, plan, seen.states)
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:

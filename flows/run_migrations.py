@@ -16,6 +16,8 @@ the next scheduled poll does the same.
 from __future__ import annotations
 
 import contextvars
+import time
+from collections.abc import Collection
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -29,7 +31,7 @@ from pydantic import BaseModel, Field
 
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
-from storage_migrator.dispatch import migration_resource, plan_dispatch
+from storage_migrator.dispatch import RUNNING_ELSEWHERE, migration_resource, plan_dispatch
 from storage_migrator.settings import Settings
 from tasks.dispatching import read_migrations
 
@@ -70,28 +72,21 @@ def _refine(settings: Settings) -> list[str] | None:
     return polled.applied.done
 
 
-@flow(name="run-migrations", persist_result=False, log_prints=False)
-def run_migrations(
-    max_parallel: int | None = None,
-    lease_seconds: float | None = None,
-    chunk_size: int | None = None,
-    write_rate_per_second: float | None = None,
-    write_concurrency: int | None = None,
-    kubeconfig: str | None = None,
-    context: str | None = None,
+def dispatch_requests(
+    settings: Settings,
+    overrides: dict[str, Any],
+    *,
+    deployed: bool,
+    only: Collection[str] | None = None,
+    wait_seconds: float = 5.0,
 ) -> DispatchSummary:
+    """Run pending requests as `plan_dispatch` orders them, each as a `migrate-resource` run.
+
+    `only` restricts the runs to the requests named (rotate-encryption-key); a
+    request of another resource's live run still holds its resource, and the
+    named ones it holds are waited for (every `wait_seconds`) rather than left.
+    """
     logger = get_run_logger()
-    # Passed on to every migrate-resource run, as given (None: the worker's settings).
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
-            "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
-        }.items()
-        if v is not None
-    }  # fmt: skip
-    settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
-    deployed = deployment.id is not None
     summary = DispatchSummary()
     attempted: set[str] = set()
     running: dict[Future[str], tuple[str, str]] = {}
@@ -100,9 +95,17 @@ def run_migrations(
             # A request is started at most once per dispatcher run: one that is still
             # pending after its run (crashed, cancelled) waits for the next dispatcher.
             pending = [m for m in read_migrations(settings) if m.metadata.name not in attempted]
+            now = datetime.now(UTC)
+            active = {res for _, res in running.values()}
+            if only is not None:
+                # Others' live runs keep their resources busy; others' pending requests are not ours to run.
+                live = {w.name for w in plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
+                                                      lease_seconds=settings.lease_seconds).waiting
+                        if w.reason == RUNNING_ELSEWHERE}  # fmt: skip
+                pending = [m for m in pending if m.metadata.name in only or m.metadata.name in live]
             plan = plan_dispatch(
-                pending, now=datetime.now(UTC), max_parallel=settings.max_parallel_migrations,
-                lease_seconds=settings.lease_seconds, active={res for _, res in running.values()},
+                pending, now=now, max_parallel=settings.max_parallel_migrations,
+                lease_seconds=settings.lease_seconds, active=active,
             )  # fmt: skip
             by_name = {m.metadata.name: m for m in pending}
             for name in plan.start:
@@ -113,7 +116,12 @@ def run_migrations(
                 running[pool.submit(ctx.run, _run_one, name, overrides, deployed)] = (name, resource)
             summary.waiting = {w.name: w.reason for w in plan.waiting}
             if not running:
-                break
+                blocked = [n for n in summary.waiting if only is not None and n in only]
+                if not blocked:
+                    break
+                logger.info("waiting for %s: %s", ", ".join(blocked), summary.waiting[blocked[0]])
+                time.sleep(wait_seconds)
+                continue
             done, _ = wait(list(running), return_when=FIRST_COMPLETED)
             for future in done:
                 name, resource = running.pop(future)
@@ -122,6 +130,30 @@ def run_migrations(
                 except Exception as exc:  # noqa: BLE001 - one migration's crash must not stop the others
                     summary.outcomes[name] = f"Crashed: {type(exc).__name__}: {exc}"
                 logger.info("%s (%s): %s", name, resource, summary.outcomes[name])
+    return summary
+
+
+@flow(name="run-migrations", persist_result=False, log_prints=False)
+def run_migrations(
+    max_parallel: int | None = None,
+    lease_seconds: float | None = None,
+    chunk_size: int | None = None,
+    write_rate_per_second: float | None = None,
+    write_concurrency: int | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+) -> DispatchSummary:
+    # Passed on to every migrate-resource run, as given (None: the worker's settings).
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
+            "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
+        }.items()
+        if v is not None
+    }  # fmt: skip
+    settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
+    summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
     if "Completed" in summary.outcomes.values():
         summary.polled = _refine(settings)
     rows = [{"migration": n, "outcome": o} for n, o in summary.outcomes.items()]

@@ -187,8 +187,8 @@ class Settings(BaseSettings):
     include_resources: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description=(
-            "Resources to consider, as '<resource>' (core) or '<resource>.<group>'; "
-            "comma-separated or a JSON list. Default: empty, meaning all."
+            "Resources detection tracks and initialize requests, as '<resource>' (core) or "
+            "'<resource>.<group>'; comma-separated or a JSON list. Default: empty, meaning all."
         ),
     )
     exclude_resources: Annotated[list[str], NoDecode] = Field(
@@ -214,6 +214,19 @@ class Settings(BaseSettings):
             "How long a Running migration counts as owned by a live run after its last "
             "checkpoint, in seconds; after that run-migrations resumes it. Default 600: "
             "a chunk of 500 objects at 10 writes/s takes about a minute, with retries a few."
+        ),
+    )
+    request_retention_seconds: float = Field(
+        default=604800.0,
+        gt=0,
+        description=(
+            "How long a finished StorageVersionMigration is kept after it finished "
+            "(status.finishedAt), in seconds; then the detection poll deletes it. Default "
+            "604800: 7 days (issue 11), long enough to look at after a weekend. Never "
+            "deleted: pending or Running requests, the newest finished request of each "
+            "resource (seed 003: the record that it ran), and a Failed request until a "
+            "person acknowledges it with the annotation "
+            '`migration.k8s.io/acknowledged: "true"` (kubectl annotate).'
         ),
     )
     shared_write_budget: bool = Field(

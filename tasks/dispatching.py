@@ -8,16 +8,20 @@ are the pure planners of `storage_migrator.dispatch` and
 
 from __future__ import annotations
 
+import contextlib
+
 from prefect import task
 
 from storage_migrator.crds import CrdObservation
 from storage_migrator.initializer import ApiServiceInfo, InitialRequest, InitPlan, plan_initialization
 from storage_migrator.kube.discovery import discover
+from storage_migrator.kube.errors import AlreadyExists
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.migrations import create_migration, list_migrations
 from storage_migrator.models import StorageVersionMigration, new_storage_version_migration
 from storage_migrator.settings import Settings
+from storage_migrator.targets import MigrationTarget, resolve_target
 from tasks.common import PRIVATE, connected
 
 CRDS = ResourceRef(group="apiextensions.k8s.io", version="v1", resource="customresourcedefinitions")
@@ -55,4 +59,33 @@ def create_requests(settings: Settings, requests: list[InitialRequest]) -> list[
                                               labels={"migration.k8s.io/requested-by": "initialize"}),
             )  # fmt: skip
             names.append(created.metadata.name or "")
+    return names
+
+
+@task(name="resolve-targets", **PRIVATE)
+def resolve_targets(settings: Settings, resources: list[str]) -> list[MigrationTarget]:
+    """Each resource as discovery serves it now; `UnknownResource` names the first one not served."""
+    with connected(settings) as api:
+        found = discover(api, timeout=settings.request_timeout_seconds)
+    return [resolve_target(found.resources, resource=r) for r in resources]
+
+
+@task(name="create-named-requests", **PRIVATE)
+def create_named_requests(
+    settings: Settings, requests: list[tuple[str, MigrationTarget]], *, labels: dict[str, str],
+    annotations: dict[str, str],
+) -> list[str]:  # fmt: skip
+    """One StorageVersionMigration per `(name, target)`, with our labels and annotations.
+
+    A name created meanwhile by someone else is left as it is (409): the caller reads
+    the requests again and judges what it finds.
+    """
+    names = []
+    with connected(settings) as api:
+        for name, target in requests:
+            request = new_storage_version_migration(group=target.ref.group, version=target.ref.version,
+                                                    resource=target.ref.resource, name=name, labels=labels)  # fmt: skip
+            request.metadata.annotations = dict(annotations)
+            with contextlib.suppress(AlreadyExists):
+                names.append(create_migration(api, request).metadata.name or name)
     return names

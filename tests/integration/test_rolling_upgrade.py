@@ -128,6 +128,8 @@ def test_a_rolling_upgrade_migrates_only_once_every_server_agrees(
     # The runs detection starts read their settings from the environment, as a worker does.
     monkeypatch.setenv("STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND", "2000")
     monkeypatch.setenv("STORAGE_MIGRATOR_CHUNK_SIZE", "100")
+    # Detection tracks ConfigMaps only: the other resources would only add migrations to wait for.
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "configmaps")
     source = request.node.callspec.params["cluster"]
     kubeconfig = str(cluster.kubeconfig)
     api = k8s_config.new_client_from_config(config_file=kubeconfig)

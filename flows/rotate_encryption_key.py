@@ -1,0 +1,153 @@
+"""`rotate-encryption-key`: migrate a list of resources to a new etcd write key, and prove it.
+
+Reads like seed 003's control loop ("for resource := range encryptedResources
+{ if migration not found { create } }; if migrationsAreCompleteFor(key) ..."):
+resolve every resource (an unknown one fails the run before anything is
+created), find or create one request per resource named from it and the key
+(`secrets-key2`; DESIGN 4.8), run them, then run a verification request per
+resource (`secrets-key2-verify`) that must rewrite nothing, and end with a
+table. Every decision is `storage_migrator.rotation`'s.
+
+Existing requests of the same name: Succeeded is the record that it ran (not
+run again, still verified); pending or Running is run or resumed; Failed stops
+the run before anything is created or run: a person reads its
+`status.failures`, fixes the cause and deletes it to retry. Finished requests
+are deleted by the detection poll after `request_retention_seconds` (a Failed
+one only once a person annotates it `migration.k8s.io/acknowledged: "true"`).
+
+The run ends Completed only when every resource succeeded and its verification
+pass rewrote nothing; otherwise Failed, naming resources and objects, and
+saying not to remove the old key yet.
+
+    prefect deployment run 'rotate-encryption-key/rotate-encryption-key' -p key=key2
+    rotate_encryption_key(key="key2", resources=["secrets", "routes.route.openshift.io"])
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Final
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+from prefect.client.schemas.objects import State
+from prefect.runtime import deployment
+from prefect.states import Failed
+from pydantic import BaseModel, Field
+
+from flows.run_migrations import dispatch_requests
+from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
+from storage_migrator.rotation import (
+    ENCRYPTION_KEY_ANNOTATION,
+    REQUESTED_BY_LABEL,
+    ROTATION_REQUESTER,
+    RequestStep,
+    ResourceRotation,
+    check_key_name,
+    plan_requests,
+    rotation_verdict,
+    summarize_resource,
+    verify_name,
+)
+from storage_migrator.settings import Settings
+from storage_migrator.targets import MigrationTarget
+from tasks.dispatching import create_named_requests, read_migrations, resolve_targets
+
+DEFAULT_RESOURCES: Final = ("secrets", "configmaps")
+
+
+class RotationSummary(BaseModel):
+    """The flow's return value: per resource, counters and the proof (names and counters only)."""
+
+    key: str
+    resources: list[ResourceRotation] = Field(default_factory=list)
+    message: str = ""
+
+
+def _run_steps(settings: Settings, overrides: dict[str, Any], steps: list[RequestStep],
+               targets: dict[str, MigrationTarget], key: str) -> None:  # fmt: skip
+    """Create the missing requests, then run every one not yet finished (resources in parallel)."""
+    missing = [(s.name, targets[s.resource]) for s in steps if s.action == "create"]
+    if missing:
+        create_named_requests(settings, missing, labels={REQUESTED_BY_LABEL: ROTATION_REQUESTER},
+                              annotations={ENCRYPTION_KEY_ANNOTATION: key})  # fmt: skip
+    to_run = {s.name for s in steps if s.action in ("create", "run")}
+    if to_run:
+        dispatch_requests(settings, overrides, deployed=deployment.id is not None, only=to_run)
+
+
+def _table(resources: list[ResourceRotation]) -> list[dict[str, Any]]:
+    return [
+        {"resource": r.resource, "request": r.migration, "phase": r.phase, "listed": r.listed,
+         "rewritten": r.rewritten, "unchanged": r.unchanged, "failed": r.failed,
+         "verify": r.verify_phase, "verify rewritten": r.verify_rewritten, "verified": r.verified,
+         "note": r.note}
+        for r in resources
+    ]  # fmt: skip
+
+
+@flow(name="rotate-encryption-key", flow_run_name="rotate-encryption-key-{key}", persist_result=False,
+      log_prints=False)  # fmt: skip
+def rotate_encryption_key(
+    key: str,
+    resources: list[str] | None = None,
+    max_parallel: int | None = None,
+    chunk_size: int | None = None,
+    write_rate_per_second: float | None = None,
+    write_concurrency: int | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+) -> RotationSummary | State[Any]:
+    """Migrate `resources` (default secrets and configmaps; `deployments.apps` form for
+    others) to the write key `key` (its name as in the EncryptionConfiguration, recorded
+    in the requests) and verify. Make `key` the write key on every API server first."""
+    logger = get_run_logger()
+    check_key_name(key)  # a key that cannot be in a name: nothing created
+    overrides: dict[str, Any] = {
+        k: v
+        for k, v in {
+            "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
+            "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
+        }.items()
+        if v is not None
+    }  # fmt: skip
+    settings = Settings.with_overrides(max_parallel_migrations=max_parallel, **overrides)
+    wanted = list(DEFAULT_RESOURCES if resources is None else resources)
+    targets: dict[str, MigrationTarget] = {}
+    for target in resolve_targets(settings, wanted):  # UnknownResource fails the run, nothing created
+        targets.setdefault(target.ref.group_resource, target)
+    coords = [(t.ref.group, t.ref.resource) for t in targets.values()]
+
+    steps = plan_requests(coords, read_migrations(settings), key=key)
+    blocked = [s for s in steps if s.action == "blocked"]
+    if blocked:
+        message = "; ".join(s.reason for s in blocked)
+        logger.error("%s", message)
+        return Failed(message=f"rotation to key {key} stopped before anything ran: {message}. "
+                              "Do not remove the old key yet.")  # fmt: skip
+    for step in steps:
+        logger.info("%s: %s (%s)", step.name, step.action, step.reason)
+    _run_steps(settings, overrides, steps, targets, key)
+
+    # The proof (DESIGN 4.5): a second pass over each resource that succeeded must rewrite nothing.
+    existing = {m.metadata.name: m for m in read_migrations(settings)}
+    done = [c for c, s in zip(coords, steps, strict=True)
+            if s.name in existing and is_condition_true(existing[s.name].status.conditions, CONDITION_SUCCEEDED)]  # fmt: skip
+    checks = plan_requests(done, list(existing.values()), key=key, verify=True)
+    _run_steps(settings, overrides, [c for c in checks if c.action != "blocked"], targets, key)
+    notes = {c.name: c.reason for c in checks if c.action == "blocked"}
+
+    existing = {m.metadata.name: m for m in read_migrations(settings)}
+    results = [
+        summarize_resource(s.resource, s.name, existing.get(s.name), existing.get(verify_name(s.name)),
+                           blocked=notes.get(verify_name(s.name), ""))
+        for s in steps
+    ]  # fmt: skip
+    verdict = rotation_verdict(results, key=key)
+    create_table_artifact(table=_table(results), key=re.sub(r"[^a-z0-9-]+", "-", f"rotate-encryption-key-{key}"),
+                          description=verdict.message)  # fmt: skip
+    if not verdict.completed:
+        logger.error("%s", verdict.message)
+        return Failed(message=verdict.message)
+    logger.info("%s", verdict.message)
+    return RotationSummary(key=key, resources=results, message=verdict.message)

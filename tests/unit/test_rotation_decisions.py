@@ -1,0 +1,150 @@
+"""The decisions of rotate-encryption-key (issue 11 item 2; seed 003), as tables.
+
+Seed 003: "Where do we store state of the last successful migration of a
+resource? We don't want to run a migration again if it was successful. The
+StorageVersionMigration resource can serve as a record of a successful
+migration." Issue 11: requests are "named from the resource and the key, so a
+second run of the same rotation finds them Succeeded and does nothing"; "The
+flow run ends Completed only when every resource is proven; otherwise Failed,
+naming the objects and saying in words: do not remove the old key yet."
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from storage_migrator.models import (
+    MigrationProgress,
+    ObjectFailure,
+    StorageVersionMigration,
+    new_storage_version_migration,
+    set_condition,
+)
+from storage_migrator.rotation import (
+    ENCRYPTION_KEY_ANNOTATION,
+    InvalidKeyName,
+    ResourceRotation,
+    plan_requests,
+    request_name,
+    rotation_verdict,
+    summarize_resource,
+    verify_name,
+)
+
+NAMES = [
+    # (resource, group, key, name)
+    ("secrets", "", "key2", "secrets-key2"),
+    ("configmaps", "", "key2", "configmaps-key2"),
+    ("routes", "route.openshift.io", "key2", "routes.route.openshift.io-key2"),
+    ("Secrets", "", "aescbc-3", "secrets-aescbc-3"),
+    ("secrets", "", "v1.1", "secrets-v1.1"),
+]
+
+
+@pytest.mark.parametrize(("resource", "group", "key", "name"), NAMES)
+def test_request_names(resource: str, group: str, key: str, name: str) -> None:
+    assert request_name(resource=resource, group=group, key=key) == name
+    assert verify_name(name) == f"{name}-verify"
+
+
+@pytest.mark.parametrize("key", ["", "Key2", "key_2", "key 2", "-key", "key-", "key/2", "k" * 250])
+def test_a_key_that_cannot_be_in_a_name_is_refused(key: str) -> None:
+    with pytest.raises(InvalidKeyName, match="key"):
+        request_name(resource="secrets", group="", key=key)
+
+
+def svm(name: str, state: str = "new", *, resource: str = "secrets", key: str | None = "key2",
+        progress: MigrationProgress | None = None, failures: list[str] = ()) -> StorageVersionMigration:  # type: ignore[assignment]  # fmt: skip
+    from datetime import UTC, datetime
+
+    m = new_storage_version_migration(group="", version="v1", resource=resource, name=name)
+    if key is not None:
+        m.metadata.annotations = {ENCRYPTION_KEY_ANNOTATION: key}
+    now = datetime(2026, 11, 22, tzinfo=UTC)
+    if state == "running":
+        m.status.conditions = set_condition([], condition_type="Running", status="True", now=now)
+    elif state in ("succeeded", "failed"):
+        m.status.conditions = set_condition([], condition_type=state.capitalize(), status="True", now=now)
+    m.status.progress = progress
+    m.status.failures = [ObjectFailure(namespace="ns", name=n, code=422) for n in failures]
+    return m
+
+
+STEPS = [
+    # (existing requests, action, reason contains)
+    ([], "create", "no request yet"),
+    ([svm("secrets-key2")], "run", "Pending"),
+    ([svm("secrets-key2", "running")], "run", "Running"),
+    ([svm("secrets-key2", "succeeded")], "done", "Succeeded"),
+    ([svm("secrets-key2", "succeeded", key=None)], "done", "Succeeded"),  # kubectl apply, no annotation
+    ([svm("secrets-key2", "failed")], "blocked", "delete it"),
+    ([svm("secrets-key2", resource="configmaps")], "blocked", "not for secrets"),
+    ([svm("secrets-key2", key="other")], "blocked", "key other"),
+    ([svm("secrets-key1", "failed")], "create", ""),  # another key's request is not ours
+]
+
+
+@pytest.mark.parametrize(("existing", "action", "reason"), STEPS)
+def test_what_to_do_with_each_request(existing: list[StorageVersionMigration], action: str, reason: str) -> None:
+    [step] = plan_requests([("", "secrets")], existing, key="key2")
+    assert (step.name, step.action) == ("secrets-key2", action)
+    assert reason in step.reason
+
+
+def test_verification_steps_name_the_verify_request() -> None:
+    [step] = plan_requests([("", "secrets")], [svm("secrets-key2-verify", "succeeded")], key="key2", verify=True)
+    assert (step.name, step.action) == ("secrets-key2-verify", "done")
+
+
+P = MigrationProgress
+OK = svm("secrets-key2", "succeeded", progress=P(listed=10, rewritten=10))
+PROOF = svm("secrets-key2-verify", "succeeded", progress=P(listed=10, unchanged=8, conflicted=2))
+
+VERDICTS = [
+    # (request, verification, verified, note contains)
+    (OK, PROOF, True, ""),
+    (OK, svm("v", "succeeded", progress=P(listed=10, rewritten=1, unchanged=9)), False, "rewrote 1"),
+    (
+        OK,
+        svm("v", "failed", progress=P(listed=10, unchanged=9, failed=1), failures=["late"]),
+        False,
+        "could not write 1",
+    ),
+    (OK, None, False, "Missing"),
+    (OK, svm("v", "running"), False, "Running"),
+    (
+        svm("r", "failed", progress=P(listed=10, rewritten=9, failed=1), failures=["bad"]),
+        None,
+        False,
+        "1 object(s) could not be rewritten",
+    ),
+    (None, None, False, "Missing"),
+    (svm("r", "running"), None, False, "Running"),
+]
+
+
+@pytest.mark.parametrize(("request_", "verification", "verified", "note"), VERDICTS)
+def test_a_resource_is_verified_only_when_the_second_pass_rewrote_nothing(
+    request_: StorageVersionMigration | None, verification: StorageVersionMigration | None, verified: bool, note: str
+) -> None:
+    result = summarize_resource("secrets", "secrets-key2", request_, verification)
+    assert result.verified is verified
+    assert note in result.note
+
+
+def rot(resource: str, verified: bool, objects: list[str] = ()) -> ResourceRotation:  # type: ignore[assignment]
+    return ResourceRotation(resource=resource, migration=f"{resource}-key2", phase="Succeeded",
+                            verify_migration=f"{resource}-key2-verify", verified=verified,
+                            failed_objects=objects, note="" if verified else "why")  # fmt: skip
+
+
+def test_completed_only_when_every_resource_is_proven() -> None:
+    ok = rotation_verdict([rot("secrets", True), rot("configmaps", True)], key="key2")
+    assert ok.completed and "may be removed" in ok.message
+
+    bad = rotation_verdict([rot("secrets", False, ["ns/bad"]), rot("configmaps", True)], key="key2")
+    assert not bad.completed
+    assert "secrets: why" in bad.message and "ns/bad" in bad.message and "configmaps" not in bad.message
+    assert "Do not remove the old key yet" in bad.message
+
+    assert not rotation_verdict([], key="key2").completed  # nothing proven is not a proof

@@ -35,7 +35,7 @@ from prefect.runtime import deployment
 from prefect.states import Failed
 from pydantic import BaseModel, Field
 
-from flows.run_migrations import dispatch_requests
+from flows.run_migrations import dispatch_requests, run_overrides
 from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
 from storage_migrator.rotation import (
     ENCRYPTION_KEY_ANNOTATION,
@@ -103,14 +103,8 @@ def rotate_encryption_key(
     in the requests) and verify. Make `key` the write key on every API server first."""
     logger = get_run_logger()
     check_key_name(key)  # a key that cannot be in a name: nothing created
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
-            "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
-        }.items()
-        if v is not None
-    }  # fmt: skip
+    overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
+                              write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
     settings = Settings.with_overrides(max_parallel_migrations=max_parallel, **overrides)
     wanted = list(DEFAULT_RESOURCES if resources is None else resources)
     targets: dict[str, MigrationTarget] = {}

@@ -57,6 +57,12 @@ def _run_one(name: str, overrides: dict[str, Any], deployed: bool) -> str:
     return str(state.name)
 
 
+def run_overrides(**values: Any) -> dict[str, Any]:
+    """The parameters given to a flow that each migrate-resource run it starts takes on
+    (None: not given, the worker's settings apply)."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
 def _refine(settings: Settings) -> list[str] | None:
     """One detection poll, so migrations that just succeeded refine their StorageState now."""
     logger = get_run_logger()
@@ -143,15 +149,8 @@ def run_migrations(
     kubeconfig: str | None = None,
     context: str | None = None,
 ) -> DispatchSummary:
-    # Passed on to every migrate-resource run, as given (None: the worker's settings).
-    overrides: dict[str, Any] = {
-        k: v
-        for k, v in {
-            "chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
-            "write_concurrency": write_concurrency, "kubeconfig": kubeconfig, "context": context,
-        }.items()
-        if v is not None
-    }  # fmt: skip
+    overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
+                              write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
     settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
     summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
     if "Completed" in summary.outcomes.values():

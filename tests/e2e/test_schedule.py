@@ -33,6 +33,8 @@ def scheduled(kubesim: Any, clean_slate: Any, tmp_path: Path) -> Iterator[Prefec
             "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": "1000",
             "STORAGE_MIGRATOR_SETTLE_SECONDS": "0",
             "STORAGE_MIGRATOR_MAX_PARALLEL_MIGRATIONS": "4",
+            # The test follows ConfigMaps; tracking every resource would only add runs to wait for.
+            "STORAGE_MIGRATOR_INCLUDE_RESOURCES": "configmaps",
         },
         # The scheduler service looks for due schedules every 60 s by default.
         server_env={"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"},

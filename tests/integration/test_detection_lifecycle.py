@@ -74,7 +74,8 @@ def pending(migrations: list[Any]) -> list[Any]:
             if not any(is_condition_true(m.status.conditions, c) for c in ("Succeeded", "Failed"))]  # fmt: skip
 
 
-def test_life_cycle_of_a_storage_state(kubesim: Any, clean_slate: Any) -> None:
+def test_life_cycle_of_a_storage_state(kubesim: Any, clean_slate: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "cronjobs.batch")  # seed 000's example alone
     api = clean_slate
     k8s.BatchV1Api(api).create_namespaced_cron_job("default", {
         "apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "nightly"},
@@ -167,10 +168,15 @@ def test_life_cycle_of_a_storage_state(kubesim: Any, clean_slate: Any) -> None:
     assert cronjobs_state(kubesim).status.persisted_storage_version_hashes == [CRONJOBS_V1]
 
 
-def test_custom_resource_refinement_trims_the_crd_stored_versions(kubesim: Any, clean_slate: Any) -> None:
+def test_custom_resource_refinement_trims_the_crd_stored_versions(
+    kubesim: Any, clean_slate: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """DESIGN 4.3: "For custom resources, refinement also trims the CRD's
     status.storedVersions to the storage version, so the old version can be removed
     from the CRD" (reference: storedVersions stays ["v1","v2"] until someone trims it)."""
+    # Detection tracks the test's CRD alone (the settings' include list): every other
+    # resource would only add migrations to wait for.
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "gadgets.trim.example.com")
     api = clean_slate
     ext = k8s.ApiextensionsV1Api(api)
     crd = crd_manifest("trim.example.com", plural="gadgets", kind="Gadget")
@@ -212,7 +218,7 @@ def test_custom_resource_refinement_trims_the_crd_stored_versions(kubesim: Any, 
         assert ext.read_custom_resource_definition("gadgets.trim.example.com").status.stored_versions == ["v2"]
         value, _ = kubesim.etcd.get(b"/registry/trim.example.com/gadgets/default/g1")
         assert value is not None and b'"apiVersion":"trim.example.com/v2"' in value.value
-        printed = subprocess.run(["kubectl", "--kubeconfig", kubesim.kubeconfig, "get", "storagestates",
+        printed = subprocess.run(["kubectl", "--kubeconfig", kubesim.kubeconfig, "get", "storagestates.migration.k8s.io",
                                   "gadgets.trim.example.com"], capture_output=True, text=True, timeout=60)  # fmt: skip
         assert printed.returncode == 0 and v2 in printed.stdout
     finally:

@@ -261,7 +261,7 @@ def configmaps_state(api: ApiClient) -> dict[str, Any]:
 
 
 def test_run_migrations_ends_with_a_detection_poll_that_refines_at_once(
-    cluster: Cluster, api: ApiClient, namespace: str
+    cluster: Cluster, api: ApiClient, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 10: "when `run-migrations` ends, it runs one detection poll, so a
     succeeded migration refines its StorageState at once (today it waits for the
@@ -272,6 +272,7 @@ def test_run_migrations_ends_with_a_detection_poll_that_refines_at_once(
     from flows.run_migrations import run_migrations
 
     kubeconfig = str(cluster.kubeconfig)
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "configmaps")  # detection tracks ConfigMaps alone
     detect_storage_changes(kubeconfig=kubeconfig, settle_seconds=0, start_migrations=False)
     set_all(cluster, "v2")
     polled = detect_storage_changes(kubeconfig=kubeconfig, settle_seconds=0, start_migrations=False)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 import socket
 import threading
 import time
@@ -22,107 +21,23 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import ValidationError
-
 from kubesim import aggregation, encryption, health, leases, openapi, openapi_v2, protobuf, storageversions
+from kubesim.admin_ops import AdminOperations
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
-from kubesim.registry import Registry, storage_group_resource
-from kubesim.resources import FEATURE_GATES, ResourceType
+from kubesim.registry import Registry
+from kubesim.resources import ResourceType
+from kubesim.routing import META_GV, VERSION_RE, Request, negotiate, partial
 from kubesim.selectors import field_selector, label_selector
 from kubesim.tables import to_table
 
 log = logging.getLogger("kubesim")
 
-META_GV = "meta.k8s.io/v1"
-_VERSION_RE = re.compile(r"^v\d+((alpha|beta)\d+)?$")
 _WATCH_TIMEOUT_DEFAULT = 1800.0
 
 
-def _media_types(accept: str) -> list[tuple[str, dict[str, str]]]:
-    out = []
-    for part in (accept or "application/json").split(","):
-        bits = [b.strip() for b in part.split(";")]
-        params = {}
-        for b in bits[1:]:
-            if "=" in b:
-                k, v = b.split("=", 1)
-                params[k.strip()] = v.strip()
-        out.append((bits[0].lower(), params))
-    return out
-
-
-def negotiate(accept: str) -> str:
-    """'json', 'table', 'metadata' (PartialObjectMetadata[List]); raise 406 otherwise."""
-    for media, params in _media_types(accept):
-        if media not in ("application/json", "*/*", "application/*"):
-            continue
-        as_ = params.get("as")
-        if as_ is None:
-            return "json"
-        if as_ == "Table" and params.get("g") == "meta.k8s.io" and params.get("v") in ("v1", "v1beta1"):
-            return "table"
-        if as_ in ("PartialObjectMetadata", "PartialObjectMetadataList") and params.get("g") == "meta.k8s.io":
-            return "metadata"
-    raise StatusError(406, "NotAcceptable", f"only the following media types are accepted: application/json ({accept})")
-
-
-def partial(obj: dict[str, Any]) -> dict[str, Any]:
-    return {"kind": "PartialObjectMetadata", "apiVersion": META_GV, "metadata": obj.get("metadata", {})}
-
-
-class Request:
-    """A parsed API path: which resource, which object, which verb."""
-
-    def __init__(self, method: str, path: str, query: dict[str, str]) -> None:
-        self.method = method
-        self.query = query
-        self.group = ""
-        self.version = ""
-        self.resource = ""
-        self.namespace: str | None = None
-        self.name: str | None = None
-        self.subresource: str | None = None
-        parts = [p for p in path.split("/") if p]
-        if parts[:1] == ["api"] and len(parts) >= 2:
-            self.version, rest = parts[1], parts[2:]
-        elif parts[:1] == ["apis"] and len(parts) >= 3:
-            self.group, self.version, rest = parts[1], parts[2], parts[3:]
-        else:
-            raise resource_not_found()
-        if not rest:
-            raise resource_not_found()
-        if rest[0] == "namespaces" and len(rest) >= 3 and not (self.group == "" and rest[2] in ("status", "finalize")):
-            self.namespace, rest = rest[1], rest[2:]
-        self.resource = rest[0]
-        if len(rest) >= 2:
-            self.name = rest[1]
-        if len(rest) >= 3:
-            self.subresource = rest[2]
-        if len(rest) > 3:
-            raise resource_not_found()
-        self.watch = query.get("watch") in ("true", "1")
-        self.verb = self._verb()
-
-    def _verb(self) -> str:
-        m = self.method
-        if m == "GET":
-            if self.watch:
-                return "watch"
-            return "get" if self.name else "list"
-        if m == "POST":
-            return "create"
-        if m == "PUT":
-            return "update"
-        if m == "PATCH":
-            return "patch"
-        if m == "DELETE":
-            return "delete" if self.name else "deletecollection"
-        raise method_not_allowed()
-
-
-class ApiServer:
+class ApiServer(AdminOperations):
     """One simulated kube-apiserver: a registry, faults and an HTTP listener."""
 
     #: Its identity lease and garbage collectors, while started (kubesim/leases.py).
@@ -223,117 +138,6 @@ class ApiServer:
             report_error=report,
         )  # fmt: skip
         self.encryption_reloader.start()
-
-    # ----- admin ----------------------------------------------------------
-    def admin_state(self) -> dict[str, Any]:
-        cfg = self.registry.config
-        return {
-            "serverID": cfg.server_id,
-            "storageVersions": {
-                storage_group_resource(rt): rt.storage_version for rt in self.registry.builtin_types() if not rt.virtual
-            },
-            "encryption": self._encryption_state(),
-            "featureGates": {gate: gate in cfg.feature_gates for gate in FEATURE_GATES},
-            "etcdURL": self.registry.etcd.url,
-            "etcdRevision": self.registry.etcd.revision(),
-        }
-
-    def _encryption_state(self) -> dict[str, Any]:
-        enc = self.registry.config.encryption
-        file = enc.file
-        if file is None:
-            return {"resources": sorted(enc.resources), "keys": list(enc.keys)}
-        summary = file.summary()
-        keys = list(dict.fromkeys(k for rule in summary for k in rule["readKeys"]))
-        return {
-            # The admin-API shape, filled from the file: encrypted patterns, every key name.
-            "resources": sorted(rule["resource"] for rule in summary if rule["writeKey"] is not None),
-            "keys": keys,
-            "providerConfig": {
-                "path": str(enc.file_path),
-                "hash": file.hash,
-                "automaticReload": enc.reload_interval is not None,
-                "reloadIntervalSeconds": enc.reload_interval,
-                "lastReloadError": enc.reload_error,
-                "resources": summary,
-            },
-        }
-
-    def set_storage_version(self, body: dict[str, Any]) -> dict[str, Any]:
-        resource = str(body.get("resource", ""))
-        group = str(body.get("group", ""))
-        version = str(body.get("version", ""))
-        if not _VERSION_RE.match(version):
-            raise bad_request(f"version {version!r} is not a Kubernetes API version (v1, v2beta1, ...)")
-        matches = [rt for rt in self.registry.builtin_types() if rt.resource == resource and rt.group == group]
-        if not matches:
-            crds = [rt for rt in self.registry.resource_types() if rt.resource == resource and rt.group == group]
-            if crds:
-                raise bad_request(
-                    f"{resource}.{group} is a custom resource: change its storage version through its CRD "
-                    "(spec.versions[].storage), as on a real cluster"
-                )
-            raise bad_request(f"no built-in resource {resource!r} in group {group!r}")
-        if matches[0].virtual:
-            raise bad_request(f"{matches[0].group_resource} is not stored: it has no storage version")
-        with self.registry.lock:
-            self.registry.config.storage_versions[storage_group_resource(matches[0])] = version
-        storageversions.publish(self.registry)
-        return self.admin_state()
-
-    def set_encryption(self, body: dict[str, Any]) -> dict[str, Any]:
-        path = self.registry.config.encryption.file_path
-        if path is not None:
-            raise bad_request(
-                f"this server reads its encryption configuration from {path} (--encryption-provider-config): "
-                "edit that file instead"
-            )
-        keys = body.get("keys")
-        resources = body.get("resources")
-        if not isinstance(keys, list) or not all(isinstance(k, str) and re.match(r"^[A-Za-z0-9_-]+$", k) for k in keys):
-            raise bad_request("keys must be a list of key names (letters, digits, '-', '_'), write key first")
-        with self.registry.lock:
-            self.registry.config.encryption.keys = list(keys)
-            if resources is not None:
-                if not isinstance(resources, list):
-                    raise bad_request("resources must be a list of group-resources, e.g. ['secrets']")
-                self.registry.config.encryption.resources = {str(r) for r in resources}
-        return self.admin_state()
-
-    def set_feature_gates(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Turn optional built-in APIs on or off, e.g. {"StorageVersionMigrator": true}.
-
-        Then republish: with `StorageVersionAPI` off this server's StorageVersion
-        entries are withdrawn, with it on they are published (storageversions.publish).
-        """
-        unknown = sorted(set(body) - set(FEATURE_GATES))
-        if unknown or not all(isinstance(v, bool) for v in body.values()):
-            raise bad_request(f"expected {{gate: true|false}} for gates among {list(FEATURE_GATES)}; got {body!r}")
-        with self.registry.lock:
-            gates = self.registry.config.feature_gates
-            for gate, on in body.items():
-                (gates.add if on else gates.discard)(gate)
-        storageversions.publish(self.registry)
-        return self.admin_state()
-
-    def compact(self) -> dict[str, Any]:
-        return {"revision": self.registry.etcd.compact()}
-
-    def counters(self) -> dict[str, Any]:
-        snap = self.faults.snapshot()
-        snap["etcdWrites"] = self.registry.etcd.writes
-        return snap
-
-    def set_faults(self, body: Any) -> dict[str, Any]:
-        raw = body.get("rules") if isinstance(body, dict) else body
-        if not isinstance(raw, list):
-            raise bad_request("expected {'rules': [...]}")
-        try:
-            rules = [FaultRule.model_validate(r) for r in raw]
-        except ValidationError as exc:
-            raise bad_request(f"invalid fault rule: {exc}") from exc
-        self.faults.set_rules(rules)
-        return {"rules": [r.model_dump() for r in self.faults.rules()]}
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -492,7 +296,7 @@ class Handler(BaseHTTPRequestHandler):
             self.api.faults.count(req.verb, f"{req.resource}.{req.group}" if req.group else req.resource)
             raise health.forbidden(verb=req.verb, group=req.group, resource=req.resource,
                                    subresource=req.subresource, namespace=req.namespace, name=req.name)  # fmt: skip
-        if not _VERSION_RE.match(req.version):
+        if not VERSION_RE.match(req.version):
             raise resource_not_found()
         rt = registry.lookup(req.group, req.version, req.resource)
         gr = rt.group_resource

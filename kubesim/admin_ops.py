@@ -1,0 +1,138 @@
+"""What the admin API (`/_kubesim/`, `python -m kubesim admin`) does to one API server.
+
+Outside the Kubernetes API: the stand-ins for an upgrade (a built-in resource's
+storage version), encryption keys, feature gates, etcd compaction, fault
+injection and counters. Mixed into `kubesim.server.ApiServer`, which routes the
+HTTP requests here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from kubesim import storageversions
+from kubesim.errors import bad_request
+from kubesim.faults import FaultRule, Faults
+from kubesim.registry import Registry, storage_group_resource
+from kubesim.resources import FEATURE_GATES
+from kubesim.routing import VERSION_RE
+
+
+class AdminOperations:
+    """The admin API's operations on the server they are mixed into."""
+
+    registry: Registry
+    faults: Faults
+
+    def admin_state(self) -> dict[str, Any]:
+        cfg = self.registry.config
+        return {
+            "serverID": cfg.server_id,
+            "storageVersions": {
+                storage_group_resource(rt): rt.storage_version for rt in self.registry.builtin_types() if not rt.virtual
+            },
+            "encryption": self._encryption_state(),
+            "featureGates": {gate: gate in cfg.feature_gates for gate in FEATURE_GATES},
+            "etcdURL": self.registry.etcd.url,
+            "etcdRevision": self.registry.etcd.revision(),
+        }
+
+    def _encryption_state(self) -> dict[str, Any]:
+        enc = self.registry.config.encryption
+        file = enc.file
+        if file is None:
+            return {"resources": sorted(enc.resources), "keys": list(enc.keys)}
+        summary = file.summary()
+        keys = list(dict.fromkeys(k for rule in summary for k in rule["readKeys"]))
+        return {
+            # The admin-API shape, filled from the file: encrypted patterns, every key name.
+            "resources": sorted(rule["resource"] for rule in summary if rule["writeKey"] is not None),
+            "keys": keys,
+            "providerConfig": {
+                "path": str(enc.file_path),
+                "hash": file.hash,
+                "automaticReload": enc.reload_interval is not None,
+                "reloadIntervalSeconds": enc.reload_interval,
+                "lastReloadError": enc.reload_error,
+                "resources": summary,
+            },
+        }
+
+    def set_storage_version(self, body: dict[str, Any]) -> dict[str, Any]:
+        resource = str(body.get("resource", ""))
+        group = str(body.get("group", ""))
+        version = str(body.get("version", ""))
+        if not VERSION_RE.match(version):
+            raise bad_request(f"version {version!r} is not a Kubernetes API version (v1, v2beta1, ...)")
+        matches = [rt for rt in self.registry.builtin_types() if rt.resource == resource and rt.group == group]
+        if not matches:
+            crds = [rt for rt in self.registry.resource_types() if rt.resource == resource and rt.group == group]
+            if crds:
+                raise bad_request(
+                    f"{resource}.{group} is a custom resource: change its storage version through its CRD "
+                    "(spec.versions[].storage), as on a real cluster"
+                )
+            raise bad_request(f"no built-in resource {resource!r} in group {group!r}")
+        if matches[0].virtual:
+            raise bad_request(f"{matches[0].group_resource} is not stored: it has no storage version")
+        with self.registry.lock:
+            self.registry.config.storage_versions[storage_group_resource(matches[0])] = version
+        storageversions.publish(self.registry)
+        return self.admin_state()
+
+    def set_encryption(self, body: dict[str, Any]) -> dict[str, Any]:
+        path = self.registry.config.encryption.file_path
+        if path is not None:
+            raise bad_request(
+                f"this server reads its encryption configuration from {path} (--encryption-provider-config): "
+                "edit that file instead"
+            )
+        keys = body.get("keys")
+        resources = body.get("resources")
+        if not isinstance(keys, list) or not all(isinstance(k, str) and re.match(r"^[A-Za-z0-9_-]+$", k) for k in keys):
+            raise bad_request("keys must be a list of key names (letters, digits, '-', '_'), write key first")
+        with self.registry.lock:
+            self.registry.config.encryption.keys = list(keys)
+            if resources is not None:
+                if not isinstance(resources, list):
+                    raise bad_request("resources must be a list of group-resources, e.g. ['secrets']")
+                self.registry.config.encryption.resources = {str(r) for r in resources}
+        return self.admin_state()
+
+    def set_feature_gates(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Turn optional built-in APIs on or off, e.g. {"StorageVersionMigrator": true}.
+
+        Then republish: with `StorageVersionAPI` off this server's StorageVersion
+        entries are withdrawn, with it on they are published (storageversions.publish).
+        """
+        unknown = sorted(set(body) - set(FEATURE_GATES))
+        if unknown or not all(isinstance(v, bool) for v in body.values()):
+            raise bad_request(f"expected {{gate: true|false}} for gates among {list(FEATURE_GATES)}; got {body!r}")
+        with self.registry.lock:
+            gates = self.registry.config.feature_gates
+            for gate, on in body.items():
+                (gates.add if on else gates.discard)(gate)
+        storageversions.publish(self.registry)
+        return self.admin_state()
+
+    def compact(self) -> dict[str, Any]:
+        return {"revision": self.registry.etcd.compact()}
+
+    def counters(self) -> dict[str, Any]:
+        snap = self.faults.snapshot()
+        snap["etcdWrites"] = self.registry.etcd.writes
+        return snap
+
+    def set_faults(self, body: Any) -> dict[str, Any]:
+        raw = body.get("rules") if isinstance(body, dict) else body
+        if not isinstance(raw, list):
+            raise bad_request("expected {'rules': [...]}")
+        try:
+            rules = [FaultRule.model_validate(r) for r in raw]
+        except ValidationError as exc:
+            raise bad_request(f"invalid fault rule: {exc}") from exc
+        self.faults.set_rules(rules)
+        return {"rules": [r.model_dump() for r in self.faults.rules()]}

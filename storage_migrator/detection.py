@@ -84,7 +84,7 @@ from storage_migrator.detection_plan import (
     TrimStoredVersions,
     UpdateState,
 )
-from storage_migrator.dispatch import is_finished, migration_resource
+from storage_migrator.dispatch import finished_at, is_finished, migration_resource
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.models import (
     CONDITION_FAILED,
@@ -94,7 +94,6 @@ from storage_migrator.models import (
     StorageVersionMigration,
     as_utc,
     format_time,
-    get_condition,
     is_condition_true,
     storage_state_name,
 )
@@ -195,17 +194,6 @@ def _is_detection_migration(migration: StorageVersionMigration) -> bool:
     return (migration.metadata.labels or {}).get(DETECTION_LABEL) == DETECTION_LABEL_VALUE
 
 
-def _finished_at(migration: StorageVersionMigration) -> datetime | None:
-    """When a migration ended: status.finishedAt, else the terminal condition's time."""
-    if migration.status.finished_at is not None:
-        return migration.status.finished_at
-    for condition_type in (CONDITION_SUCCEEDED, CONDITION_FAILED):
-        condition = get_condition(migration.status.conditions, condition_type)
-        if condition is not None and condition.status == "True" and condition.last_update_time is not None:
-            return condition.last_update_time
-    return migration.status.started_at
-
-
 def _proves(migration: StorageVersionMigration, *, current: str, since: datetime | None) -> bool:
     """Whether this migration rewrote every object to ``current`` after ``current`` was recorded."""
     started = migration.status.started_at
@@ -234,7 +222,7 @@ def _retry_allowed_at(
     ]
     if not failed:
         return None, 0
-    ends = [t for t in (_finished_at(m) for m in failed) if t is not None]
+    ends = [t for t in (finished_at(m) or m.status.started_at for m in failed) if t is not None]
     if not ends:
         return None, len(failed)
     delay = retry_delay_seconds(len(failed), base=settings.retry_base_seconds, maximum=settings.retry_max_seconds)

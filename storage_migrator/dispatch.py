@@ -36,6 +36,7 @@ __all__ = [
     "DispatchPlan",
     "Waiting",
     "busy_reason",
+    "finished_at",
     "is_finished",
     "migration_resource",
     "plan_dispatch",
@@ -99,6 +100,17 @@ def migration_resource(migration: StorageVersionMigration) -> str:
     """
     ref = migration.spec.resource
     return storage_state_name(ref.group, ref.resource)
+
+
+def finished_at(migration: StorageVersionMigration) -> datetime | None:
+    """When it finished: ``status.finishedAt``, else when its Succeeded/Failed condition was set."""
+    if migration.status.finished_at is not None:
+        return migration.status.finished_at
+    for kind in (CONDITION_SUCCEEDED, CONDITION_FAILED):
+        condition = get_condition(migration.status.conditions, kind)
+        if condition is not None and condition.status == "True" and condition.last_update_time is not None:
+            return condition.last_update_time
+    return None
 
 
 def is_finished(migration: StorageVersionMigration) -> bool:

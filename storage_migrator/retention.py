@@ -25,12 +25,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from storage_migrator.detection_plan import DeleteMigration
-from storage_migrator.dispatch import is_finished, migration_resource
+from storage_migrator.dispatch import finished_at, is_finished, migration_resource
 from storage_migrator.models import (
     CONDITION_FAILED,
-    CONDITION_SUCCEEDED,
     StorageVersionMigration,
-    get_condition,
     is_condition_true,
 )
 
@@ -38,17 +36,6 @@ __all__ = ["ACKNOWLEDGED_ANNOTATION", "finished_at", "is_acknowledged", "plan_re
 
 #: Set to "true" by a person on a Failed request they have dealt with; then it ages out.
 ACKNOWLEDGED_ANNOTATION: Final = "migration.k8s.io/acknowledged"
-
-
-def finished_at(migration: StorageVersionMigration) -> datetime | None:
-    """When it finished: ``status.finishedAt``, else when its Succeeded/Failed condition was set."""
-    if migration.status.finished_at is not None:
-        return migration.status.finished_at
-    for kind in (CONDITION_SUCCEEDED, CONDITION_FAILED):
-        condition = get_condition(migration.status.conditions, kind)
-        if condition is not None and condition.status == "True" and condition.last_update_time is not None:
-            return condition.last_update_time
-    return None
 
 
 def is_acknowledged(migration: StorageVersionMigration) -> bool:

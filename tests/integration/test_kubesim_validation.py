@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import http.client
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from conftest import Kubectl
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -27,8 +27,7 @@ from kubesim import codec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "deployments" / "crds"
-REFERENCE = Path("/work/shared/reference/crd-protected-group-422.json")
-KUBECTL = ROOT / ".venv" / "bin" / "kubectl"
+REFERENCE = ROOT.parent / "shared" / "reference" / "crd-protected-group-422.json"
 GROUP, VERSION = "migration.k8s.io", "v1alpha1"
 SVMS, STATES = "storageversionmigrations", "storagestates"
 
@@ -72,31 +71,7 @@ def stored_svm(kubesim: Any, name: str) -> tuple[int, dict[str, Any]]:
     return kv.mod_revision, codec.decode(kv.value, read_keys=["key1"]).obj
 
 
-def kubectl(kubesim: Any, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    return subprocess.run(
-        [str(KUBECTL), "--kubeconfig", kubesim.kubeconfig, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
-
-
 # ----- CRDs -------------------------------------------------------------------
-
-
-@pytest.mark.skipif(not KUBECTL.exists(), reason="the pinned kubectl is not installed")
-def test_kubectl_apply_of_our_crds_succeeds(kubesim: Any, migration_crds: None, tmp_path: Path) -> None:
-    """Our CRDs carry `api-approved.kubernetes.io` (a URL): applying them (again, as an
-    update of the installed ones: the approval state does not change) is accepted."""
-    done = kubectl(kubesim, tmp_path, "apply", "-f", str(CRD_DIR))
-    assert done.returncode == 0, done.stderr
-    crd = k8s.ApiextensionsV1Api(k8s_config.new_client_from_config(config_file=kubesim.kubeconfig))
-    got = crd.read_custom_resource_definition(f"{SVMS}.{GROUP}")
-    conditions = {c.type: (c.status, c.reason) for c in got.status.conditions}
-    assert conditions["KubernetesAPIApprovalPolicyConformant"] == ("True", "ApprovedAnnotation")
 
 
 def test_crd_in_a_protected_group_without_approval_is_refused_as_the_reference(kubesim: Any) -> None:
@@ -168,21 +143,22 @@ def test_changing_spec_resource_of_a_migration_is_refused_and_etcd_unchanged(
         custom.delete_cluster_custom_object(GROUP, VERSION, SVMS, name)
 
 
-@pytest.mark.skipif(not KUBECTL.exists(), reason="the pinned kubectl is not installed")
-def test_kubectl_apply_changing_spec_resource_is_refused(kubesim: Any, migration_crds: None, tmp_path: Path) -> None:
+def test_kubectl_apply_changing_spec_resource_is_refused(
+    kubesim: Any, migration_crds: None, kubectl: Kubectl, tmp_path: Path
+) -> None:
     name = unique("apply")
     manifest = tmp_path / "svm.yaml"
     manifest.write_text(yaml.safe_dump(svm_body(name)))
-    assert kubectl(kubesim, tmp_path, "apply", "-f", str(manifest)).returncode == 0
+    assert kubectl("apply", "-f", str(manifest), check=False).returncode == 0
     try:
         before = stored_svm(kubesim, name)
         manifest.write_text(yaml.safe_dump(svm_body(name, resource="configmaps")))
-        done = kubectl(kubesim, tmp_path, "apply", "-f", str(manifest))
+        done = kubectl("apply", "-f", str(manifest), check=False)
         assert done.returncode != 0
         assert 'spec.resource: Invalid value: "object": spec.resource is immutable' in done.stderr
         assert stored_svm(kubesim, name) == before
     finally:
-        kubectl(kubesim, tmp_path, "delete", "-f", str(manifest))
+        kubectl("delete", "-f", str(manifest), check=False)
 
 
 def test_a_storage_state_named_after_another_resource_is_refused(kubesim: Any, custom: k8s.CustomObjectsApi) -> None:

@@ -50,9 +50,9 @@ def test_kubectl_apply_of_deployments_succeeds(kubesim: Kubesim, kubectl: Kubect
         assert f"/{name} " in applied.stdout, applied.stdout
     crd = kubectl("get", "customresourcedefinitions.apiextensions.k8s.io",
                   "storageversionmigrations.migration.k8s.io", "-o", "yaml")  # fmt: skip
-    conditions = {c["type"]: c["status"] for c in yaml.safe_load(crd.stdout)["status"]["conditions"]}
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in yaml.safe_load(crd.stdout)["status"]["conditions"]}
     # apiextensions' approval controller: the annotation is a URL, so the policy is met.
-    assert conditions["KubernetesAPIApprovalPolicyConformant"] == "True"
-    assert conditions["Established"] == "True"
+    assert conditions["KubernetesAPIApprovalPolicyConformant"] == ("True", "ApprovedAnnotation")
+    assert conditions["Established"][0] == "True"
     role = kubectl("get", "clusterroles.rbac.authorization.k8s.io", "storage-migrator", "-o", "yaml")
     assert yaml.safe_load(role.stdout)["rules"][0]["verbs"] == ["list", "patch", "update"]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what the project needs on a fresh machine of our kind (Debian
-# bookworm, Python 3.11, root): Debian's etcd-server when etcd is missing, uv,
+# bookworm, Python 3.11, root): Debian's etcd-server and postgresql when missing, uv,
 # and the Python dependencies exactly as uv.lock pins them (.venv/).
 # Sourced by scripts/test.sh and scripts/demo.sh; safe to run again.
 set -euo pipefail
@@ -14,6 +14,13 @@ if ! command -v etcd >/dev/null 2>&1; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
     # kubesim starts its own etcd on free ports; the packaged service is not used.
+fi
+if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
+    # The ledger's PostgreSQL tests start a server of their own from these binaries;
+    # the packaged cluster service is not used.
+    echo "bootstrap: installing postgresql from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
 fi
 if ! command -v uv >/dev/null 2>&1; then
     echo "bootstrap: installing uv"

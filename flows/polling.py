@@ -15,11 +15,10 @@ from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field
 
 from storage_migrator.agreement import AgreementSource
-from storage_migrator.detection import DeleteMigration, DetectionSettings, plan_detection
+from storage_migrator.detection import DeleteMigration
 from storage_migrator.dispatch import plan_dispatch
-from storage_migrator.retention import plan_retention
+from storage_migrator.poll_plan import plan_poll
 from storage_migrator.settings import Settings
-from storage_migrator.tracking import select_resources
 from tasks.detecting import Applied, apply_plan, observe
 
 
@@ -39,20 +38,10 @@ class PollSummary(BaseModel):
     )
 
 
-def detection_settings(settings: Settings) -> DetectionSettings:
-    return DetectionSettings(
-        settle_seconds=settings.settle_seconds,
-        stale_after_seconds=settings.stale_after,
-        retry_base_seconds=settings.retry_base_seconds,
-        retry_max_seconds=settings.retry_max_seconds,
-        poll_seconds=settings.poll_seconds,
-    )
-
-
 def poll(settings: Settings) -> PollSummary:
-    """Seed 000's triggering controller, once: every decision is `plan_detection`'s, and
-    `plan_retention`'s for finished requests older than `request_retention_seconds`
-    (a Failed one only once a person annotates it `migration.k8s.io/acknowledged: "true"`)."""
+    """Seed 000's triggering controller, once: every decision is `plan_poll`'s (seed 000's
+    `plan_detection`, and `plan_retention`'s for finished requests past their retention),
+    the same plan `storage-migrator plan` prints."""
     logger = get_run_logger()
     seen = observe(settings)
     if seen.failed_group_versions:
@@ -60,18 +49,7 @@ def poll(settings: Settings) -> PollSummary:
         logger.warning("discovery incomplete (%s): those resources are left for the next poll",
                        ", ".join(seen.failed_group_versions))  # fmt: skip
     logger.info("agreement from %s: %s", seen.agreement_source, ", ".join(seen.api_servers) or "one server")
-    discovered = select_resources(seen.discovered, include=settings.include_resources,
-                                  exclude=settings.exclude_resources)  # fmt: skip
-    plan = plan_detection(
-        discovered=discovered, states=seen.states, migrations=seen.migrations, crds=seen.crds,
-        reporters=seen.reporters, now=datetime.now(UTC), settings=detection_settings(settings),
-    )  # fmt: skip
-    # Issue 11: finished requests past their retention go with the poll's other deletions.
-    planned = {a.name for a in plan.of_kind(DeleteMigration)}
-    expired = [a for a in plan_retention(seen.migrations, now=datetime.now(UTC),
-                                         retention_seconds=settings.request_retention_seconds)
-               if a.name not in planned]  # fmt: skip
-    plan = plan.model_copy(update={"actions": [*plan.actions, *expired]})
+    plan = plan_poll(seen, settings, now=datetime.now(UTC))
     applied = apply_plan(settings, plan, seen.states)
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:

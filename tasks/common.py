@@ -8,17 +8,15 @@ Prefect defaults are on the machine that runs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from kubernetes.client import ApiClient
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.kube.connection import connected
 from storage_migrator.kube.errors import KubeError, is_retriable, is_settling_answer
-from storage_migrator.settings import Settings
+
+__all__ = ["PRIVATE", "REQUEST_RETRIES", "connected", "transient_or_settling"]
 
 #: Keyword arguments of every @task: no cache key (inputs are never hashed), no persisted result.
 PRIVATE: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
@@ -49,12 +47,3 @@ REQUEST_RETRIES: dict[str, Any] = {
     "retry_jitter_factor": 0.5,
     "retry_condition_fn": transient_or_settling,
 }
-
-
-@contextmanager
-def connected(settings: Settings) -> Iterator[ApiClient]:
-    api = api_client_from_settings(settings)
-    try:
-        yield api
-    finally:
-        api.close()  # type: ignore[no-untyped-call]

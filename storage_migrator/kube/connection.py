@@ -12,7 +12,8 @@ concurrency so that concurrent writes do not queue for a connection.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from kubernetes import config as kube_config
@@ -24,6 +25,7 @@ __all__ = [
     "ConnectionConfigError",
     "api_client_from_config_dict",
     "api_client_from_settings",
+    "connected",
     "running_in_cluster",
 ]
 
@@ -83,6 +85,16 @@ def api_client_from_settings(settings: Settings, *, server: str | None = None) -
             "contexts, or run in a pod with a service account."
         ) from exc
     return ApiClient(configuration=configuration)
+
+
+@contextmanager
+def connected(settings: Settings) -> Iterator[ApiClient]:
+    """An API client for one unit of work (a task, a CLI command), closed afterwards."""
+    api = api_client_from_settings(settings)
+    try:
+        yield api
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
 
 
 class _OneServer(Configuration):  # type: ignore[misc]

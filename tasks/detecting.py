@@ -41,7 +41,7 @@ from storage_migrator.models import (
 from storage_migrator.reporters import ReporterHash
 from storage_migrator.settings import Settings
 from storage_migrator.states import create_state, list_states, write_state
-from tasks.common import PRIVATE, connected
+from tasks.common import PRIVATE, api_client, connected
 from tasks.dispatching import CRDS
 
 OUR_ANNOTATIONS = (SINCE_ANNOTATION, SETTLE_ANNOTATION)
@@ -74,7 +74,9 @@ def observe(settings: Settings) -> Observations:
     with connected(settings) as api:
         found = discover(api, timeout=settings.request_timeout_seconds)
         crds = [c for c in (CrdObservation.from_object(o) for o in iterate_items(api, CRDS, limit=500)) if c]
-        agreement = observe_agreement(api, settings, found.resources)
+        agreement = observe_agreement(
+            api, settings, found.resources, connect=lambda server: api_client(settings, server=server)
+        )
         for server, why in agreement.unheard.items():
             # Not heard: its entry ages, which blocks new migrations until it reports
             # again or is collected after 3 periods (seed 000).

@@ -9,6 +9,8 @@ discovery and CRD names, never the data of a migrated object.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kubernetes.client import ApiClient
 from pydantic import BaseModel, Field
 
@@ -45,11 +47,16 @@ class Observations(BaseModel):
     )
 
 
-def observe_cluster(api: ApiClient, settings: Settings) -> Observations:
-    """Discovery, CRDs, what each API server encodes, StorageStates and migrations."""
+def observe_cluster(
+    api: ApiClient, settings: Settings, *, connect: Callable[[str], ApiClient] | None = None
+) -> Observations:
+    """Discovery, CRDs, what each API server encodes, StorageStates and migrations.
+
+    ``connect(server)`` gives a client of one API server with ``api``'s credentials
+    (see ``observe_agreement``; tasks pass one that honours a Prefect block)."""
     found = discover(api, timeout=settings.request_timeout_seconds)
     crds = read_crds(api)
-    agreement = observe_agreement(api, settings, found.resources)
+    agreement = observe_agreement(api, settings, found.resources, connect=connect)
     return Observations(
         discovered=found.resources,
         failed_group_versions=[f.group_version for f in found.failed],

@@ -36,7 +36,7 @@ from storage_migrator.models import (
 from storage_migrator.observation import Observations, observe_cluster
 from storage_migrator.settings import Settings
 from storage_migrator.states import create_state, write_state
-from tasks.common import PRIVATE, connected
+from tasks.common import PRIVATE, api_client, connected
 
 __all__ = ["Applied", "Observations", "apply_plan", "observe"]
 
@@ -55,7 +55,7 @@ class Applied(BaseModel):
 @task(name="observe", **PRIVATE)
 def observe(settings: Settings) -> Observations:
     with connected(settings) as api:
-        seen = observe_cluster(api, settings)
+        seen = observe_cluster(api, settings, connect=lambda server: api_client(settings, server=server))
     for server, why in seen.unheard.items():
         # Not heard: its entry ages, which blocks new migrations until it reports
         # again or is collected after 3 periods (seed 000).

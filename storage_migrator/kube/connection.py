@@ -126,15 +126,26 @@ def api_client_from_config_dict(
     *,
     context: str | None = None,
     settings: Settings | None = None,
+    server: str | None = None,
+    source: str = "a kubeconfig dict",
 ) -> ApiClient:
     """Connect from a kubeconfig held as a dict (a Prefect KubernetesClusterConfig block).
 
-    Same loader as ``new_client_from_config_dict``; the dict is never logged.
+    Same loader as ``new_client_from_config_dict``; the dict is never logged, and
+    the error names ``source`` (the block), never its content. ``server`` as in
+    :func:`api_client_from_settings`.
     """
-    configuration = _fresh_configuration(settings or Settings())
-    kube_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
-        config_dict=dict(config_dict),
-        context=context,
-        client_configuration=configuration,
-    )
+    configuration = _fresh_configuration(settings or Settings(), server=server)
+    try:
+        kube_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+            config_dict=dict(config_dict),
+            context=context,
+            client_configuration=configuration,
+        )
+    except kube_config.ConfigException as exc:
+        where = source + (f" (context {context!r})" if context else "")
+        raise ConnectionConfigError(
+            f"cannot load cluster credentials from {where}: {str(exc).rstrip('.')}. Save a valid kubeconfig "
+            "in it (KubernetesClusterConfig.from_file(...).save(NAME, overwrite=True)) with an existing context."
+        ) from exc
     return ApiClient(configuration=configuration)

@@ -19,7 +19,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from kubesim import aggregation, encryption, health, leases, openapi, openapi_v2, protobuf, storageversions
 from kubesim.access import AccessConfig, AccessControl
@@ -240,6 +240,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         split = urlsplit(self.path)
+        split = split._replace(path=unquote(split.path))  # Go's URL.Path is decoded: `system%3Adiscovery`
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         raw = self._body()
         try:

@@ -335,3 +335,40 @@ def test_without_any_one_rule_something_fails_naming_the_permission(rbac_cluster
         assert isinstance(error, Forbidden), f"{name}: {error}"
         assert rule_allows(denied_attributes(error), removed), f"{name} failed for another reason: {error}"
         assert f'User "{SA_USER}" cannot ' in str(error) and RBAC_FIX in str(error)
+
+
+# ----- what a migration run says about a missing permission -----------------------------
+ALL_BUT_REWRITES = [
+    {"apiGroups": ["migration.k8s.io"], "resources": ["*"], "verbs": ["*"]},
+    {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"], "verbs": ["get", "list"]},
+    {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz"], "verbs": ["get"]},
+]
+
+
+@pytest.mark.parametrize(
+    ("verbs", "denied"),
+    [
+        (["list"], 'cannot patch resource "configmaps" in API group "" in the namespace "rbac-proven"'),
+        (["patch", "update"], 'cannot list resource "configmaps" in API group "" at the cluster scope'),
+    ],
+    ids=["no-patch", "no-list"],
+)
+def test_a_denied_permission_fails_the_migration_naming_it_and_the_fix(
+    rbac_cluster: RbacCluster, prefect_api: str, verbs: list[str], denied: str
+) -> None:
+    """Issue 14: a 403 surfaces with the API's message (verb, resource, group, scope) and
+    the fix, in the flow run's state and in the StorageVersionMigration's Failed condition."""
+    from flows.migrate_resource import migrate_resource
+
+    rc = rbac_cluster
+    rc.set_role_rules([{"apiGroups": ["*"], "resources": ["*"], "verbs": verbs}, *ALL_BUT_REWRITES])
+    try:
+        state = migrate_resource(resource="configmaps", kubeconfig=rc.sa_kubeconfig, return_state=True, **FAST)
+    finally:
+        rc.set_role_rules(copy.deepcopy(RULES))
+    assert state.is_failed()
+    assert denied in str(state.message) and RBAC_FIX in str(state.message), state.message
+    (migration,) = [m for m in list_migrations(rc.api) if m.metadata.name == str(state.message).split(":")[0]]
+    (failed,) = [c for c in migration.status.conditions if c.type == "Failed"]
+    assert failed.status == "True" and denied in failed.message and RBAC_FIX in failed.message, failed
+    delete_object(rc.api, MIGRATIONS, name=str(migration.metadata.name))

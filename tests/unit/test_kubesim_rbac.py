@@ -180,3 +180,13 @@ def test_the_token_file_is_read_as_kube_apiserver_reads_it(tmp_path: Path) -> No
     bad.write_text("t1,alice\n")
     with pytest.raises(TokenFileError, match="must have at least 3 columns"):
         read_token_file(bad)
+
+
+def test_rbac_without_a_token_file_is_refused() -> None:
+    """kubesim authenticates no one but the token file's users: RBAC alone would deny everyone."""
+    from kubesim.cluster import Cluster
+
+    with pytest.raises(ValueError, match="--authorization-mode RBAC needs --token-auth-file"):
+        Cluster(authorization_mode="RBAC")
+    with pytest.raises(ValueError, match="'Webhook' is not modeled"):
+        Cluster(token_auth_file="tokens.csv", authorization_mode="Webhook")

@@ -372,3 +372,27 @@ def test_a_denied_permission_fails_the_migration_naming_it_and_the_fix(
     (failed,) = [c for c in migration.status.conditions if c.type == "Failed"]
     assert failed.status == "True" and denied in failed.message and RBAC_FIX in failed.message, failed
     delete_object(rc.api, MIGRATIONS, name=str(migration.metadata.name))
+
+
+def test_a_denied_detection_action_fails_the_poll_naming_it_and_the_fix(
+    rbac_cluster: RbacCluster, prefect_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll whose StorageState cannot be created fails (no later poll would heal it),
+    with the denial and the fix in its state and log."""
+    from flows.detect_storage_changes import detect_storage_changes
+
+    rc = rbac_cluster
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "serviceaccounts")  # no state for it yet
+    ours = next(i for i, r in enumerate(RULES) if r.get("apiGroups") == ["migration.k8s.io"])
+    rules = copy.deepcopy(RULES)
+    rules[ours]["verbs"] = [v for v in rules[ours]["verbs"] if v != "create"]
+    rc.set_role_rules(rules)
+    try:
+        state = detect_storage_changes(settle_seconds=0, poll_seconds=600, start_migrations=False,
+                                       kubeconfig=rc.sa_kubeconfig, return_state=True)  # fmt: skip
+    finally:
+        rc.set_role_rules(copy.deepcopy(RULES))
+    assert state.is_failed()
+    denied = 'cannot create resource "storagestates" in API group "migration.k8s.io" at the cluster scope'
+    assert denied in str(state.message) and RBAC_FIX in str(state.message), state.message
+    assert "serviceaccounts" not in [s.metadata.name for s in list_states(rc.api)]

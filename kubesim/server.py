@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from kubesim import aggregation, encryption, health, leases, openapi, openapi_v2, protobuf, storageversions
 from kubesim.access import AccessConfig, AccessControl
 from kubesim.admin_ops import AdminOperations
-from kubesim.authn import UserInfo
+from kubesim.authn import SUPERUSER_GROUP, UserInfo
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
@@ -286,7 +286,7 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, doc, ctype="application/octet-stream" if isinstance(doc, bytes) else "application/json")
                 return
         req = Request(method, path, query)
-        if self.api.warmup.active():  # authorization runs before the resource is looked up
+        if self.api.warmup.active() and not self._superuser():  # authorization runs before the lookup
             self.api.faults.count(req.verb, f"{req.resource}.{req.group}" if req.group else req.resource)
             raise health.forbidden(verb=req.verb, group=req.group, resource=req.resource, subresource=req.subresource,
                                    namespace=req.namespace, name=req.name, user=self.user.name if self.user else None)  # fmt: skip
@@ -306,6 +306,10 @@ class Handler(BaseHTTPRequestHandler):
         if not rt.namespaced and req.namespace is not None:
             raise resource_not_found()
         self._handle(rt, req, raw)
+
+    def _superuser(self) -> bool:
+        """system:masters is allowed before RBAC's caches fill (kube-apiserver's privileged-groups authorizer)."""
+        return self.user is not None and SUPERUSER_GROUP in self.user.groups
 
     def _inject(self, fault: FaultRule) -> bool:
         """Apply a fault; True when it answered (or dropped) the request."""

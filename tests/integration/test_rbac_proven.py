@@ -396,3 +396,25 @@ def test_a_denied_detection_action_fails_the_poll_naming_it_and_the_fix(
     denied = 'cannot create resource "storagestates" in API group "migration.k8s.io" at the cluster scope'
     assert denied in str(state.message) and RBAC_FIX in str(state.message), state.message
     assert "serviceaccounts" not in [s.metadata.name for s in list_states(rc.api)]
+
+
+def test_after_a_restart_only_system_masters_is_served_until_rbac_settles(rbac_cluster: RbacCluster) -> None:
+    """kube-apiserver before its RBAC caches fill: 403 naming the request's user, `/readyz`
+    500; `system:masters` is served (its authorizer needs no cache). Runs last: it restarts."""
+    from kubesim.health import Warmup
+
+    rc = rbac_cluster
+    server = rc.cluster.restart_server(0, authz_warmup_seconds=60)
+    try:
+        assert k8s.CoreV1Api(rc.api).list_namespaced_config_map(NAMESPACE).items
+        api = rc.sa_api()
+        try:
+            with pytest.raises(Forbidden, match=f'User "{SA_USER}" cannot list resource "configmaps"'):
+                list_page(api, CONFIGMAPS, limit=1)
+            with pytest.raises(KubeError) as readyz:
+                request(api, method="GET", path="/readyz", what="GET /readyz", accept="*/*")
+            assert readyz.value.code == 500
+        finally:
+            api.close()
+    finally:
+        server.warmup = Warmup(0)

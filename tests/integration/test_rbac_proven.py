@@ -330,7 +330,10 @@ def test_without_any_one_rule_something_fails_naming_the_permission(rbac_cluster
         failures = run_probes(rbac_cluster)
     finally:
         rbac_cluster.set_role_rules(copy.deepcopy(RULES))
-    assert failures, f"nothing the migrator does needs rule {describe(removed)}: drop it from {RBAC_FILE.name}"
+    assert failures, (
+        f"nothing the migrator does needs rule {describe(removed)}: drop it from {RBAC_FILE.name}, "
+        "or add to probes() the request that needs it"
+    )
     for name, error in failures:
         assert isinstance(error, Forbidden), f"{name}: {error}"
         assert rule_allows(denied_attributes(error), removed), f"{name} failed for another reason: {error}"

@@ -12,9 +12,13 @@ overlapping the next, which makes one poll at a time our "leader".
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import flow
+from prefect.client.schemas.objects import State
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment
+from prefect.states import Failed
 
 from flows.polling import PollSummary, poll
 from flows.run_migrations import run_migrations
@@ -32,7 +36,7 @@ def detect_storage_changes(
     start_migrations: bool = True,
     kubeconfig: str | None = None,
     context: str | None = None,
-) -> PollSummary:
+) -> PollSummary | State[Any]:
     """One poll. `poll_seconds` is the period staleness is judged against (two periods),
     `settle_seconds` the delay after a change before a migration is requested."""
     settings = Settings.with_overrides(settle_seconds=settle_seconds, poll_seconds=poll_seconds,
@@ -45,4 +49,7 @@ def detect_storage_changes(
             run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
         else:
             run_migrations(kubeconfig=kubeconfig, context=context)
+    if summary.applied.denied:
+        # Issue 14: a permission RBAC denies is no race a later poll wins: fail, naming it and the fix.
+        return Failed(message="; ".join(summary.applied.denied))
     return summary

@@ -1,6 +1,7 @@
 """kubesim's command line.
 
 python -m kubesim serve --kubeconfig PATH [--etcd URL] [--port N] [--servers N]
+    [--token-auth-file FILE --authorization-mode RBAC]
 python -m kubesim admin --kubeconfig PATH <command> ...
 """
 
@@ -61,8 +62,10 @@ def serve(args: argparse.Namespace) -> int:
             encryption_config=args.encryption_provider_config,
             automatic_reload=args.encryption_provider_config_automatic_reload,
             reload_interval=args.encryption_provider_config_reload_interval,
+            token_auth_file=args.token_auth_file,
+            authorization_mode=args.authorization_mode,
         ).start()
-    except (RuntimeError, ConfigError) as exc:
+    except (RuntimeError, ConfigError, ValueError) as exc:
         print(f"kubesim: {exc}", file=sys.stderr)
         return 1
     try:
@@ -185,6 +188,13 @@ def parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--encryption-provider-config-reload-interval", type=float, default=1.0, metavar="SECONDS",
                          help="how often the file is polled (kubesim only; kube-apiserver checks about every "
                          "minute; default 1)")  # fmt: skip
+    p_serve.add_argument("--token-auth-file", metavar="FILE",
+                         help="authenticate bearer tokens from this CSV file (token,user,uid,\"group1,group2\"), as "
+                         "kube-apiserver's flag; other requests get 401. The kubeconfig written gets a token of its "
+                         "own in group system:masters")  # fmt: skip
+    p_serve.add_argument("--authorization-mode", choices=["AlwaysAllow", "RBAC"], default="AlwaysAllow",
+                         help="RBAC: authorize every request against the ClusterRoles, ClusterRoleBindings, Roles and "
+                         "RoleBindings stored (needs --token-auth-file); default AlwaysAllow")  # fmt: skip
     p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p_serve.set_defaults(func=serve)
 

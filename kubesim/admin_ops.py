@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kubesim import storageversions
-from kubesim.errors import bad_request
+from kubesim.errors import StatusError, bad_request
 from kubesim.faults import FaultRule, Faults
 from kubesim.registry import Registry, storage_group_resource
 from kubesim.resources import FEATURE_GATES
@@ -136,3 +136,29 @@ class AdminOperations:
             raise bad_request(f"invalid fault rule: {exc}") from exc
         self.faults.set_rules(rules)
         return {"rules": [r.model_dump() for r in self.faults.rules()]}
+
+    def route(self, method: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The answer to `METHOD /_kubesim/<route>`; 404 for a route it does not have."""
+        if route == "config" and method == "GET":
+            return self.admin_state()
+        if route == "storage-version" and method in ("PUT", "POST"):
+            return self.set_storage_version(body)
+        if route == "encryption" and method in ("PUT", "POST"):
+            return self.set_encryption(body)
+        if route == "feature-gates" and method in ("PUT", "POST"):
+            return self.set_feature_gates(body)
+        if route == "compact" and method == "POST":
+            return self.compact()
+        if route == "faults" and method in ("PUT", "POST"):
+            return self.set_faults(body)
+        if route == "faults" and method == "GET":
+            return {"rules": [r.model_dump() for r in self.faults.rules()]}
+        if route == "faults" and method == "DELETE":
+            return self.set_faults({"rules": []})
+        if route == "counters" and method == "GET":
+            return self.counters()
+        if route == "counters" and method == "DELETE":
+            self.faults.reset()
+            self.registry.etcd.writes = 0
+            return self.counters()
+        raise StatusError(404, "NotFound", f"no admin route {method} /_kubesim/{route}", details={})

@@ -31,14 +31,15 @@ from typing import Any
 import yaml
 
 from kubesim import encryption, leases
+from kubesim.access import AccessConfig
 from kubesim.errors import StatusError
 from kubesim.etcd import EtcdProcess, EtcdStore
 from kubesim.registry import EncryptionConfig, Registry, ServerConfig
 from kubesim.server import ApiServer
 
 
-def kubeconfig_doc(servers: list[ApiServer]) -> dict[str, Any]:
-    """Contexts `kubesim` (the first server) and `kubesim-<i>` for each one."""
+def kubeconfig_doc(servers: list[ApiServer], *, token: str = "kubesim") -> dict[str, Any]:
+    """Contexts `kubesim` (the first server) and `kubesim-<i>` for each one, as user `token`'s."""
     clusters, contexts = [], []
     for i, server in enumerate(servers):
         clusters.append({"name": f"kubesim-{i}", "cluster": {"server": server.url}})
@@ -50,8 +51,9 @@ def kubeconfig_doc(servers: list[ApiServer]) -> dict[str, Any]:
         "clusters": clusters,
         "contexts": contexts,
         "current-context": "kubesim",
-        # kubesim checks no credentials; a token keeps clients that insist on one happy.
-        "users": [{"name": "kubesim-admin", "user": {"token": "kubesim"}}],
+        # Without a token file kubesim checks no credentials (any token will do); with one,
+        # the cluster's admin token, in group system:masters (kubesim/access.py).
+        "users": [{"name": "kubesim-admin", "user": {"token": token}}],
         "preferences": {},
     }
 
@@ -84,6 +86,8 @@ class Cluster:
         encryption_config: Path | str | None = None,
         automatic_reload: bool = False,
         reload_interval: float = 1.0,
+        token_auth_file: Path | str | None = None,
+        authorization_mode: str = "AlwaysAllow",
     ) -> None:
         """`identity_lease_seconds`: each server's identity lease (kube-apiserver's
         --identity-lease-duration-seconds, 3600 s); `feature_gates`: applied to the
@@ -94,7 +98,12 @@ class Cluster:
         invalid one makes start() raise encryption.ConfigError. `automatic_reload`
         (--encryption-provider-config-automatic-reload): each server polls the file
         every `reload_interval` seconds (kube-apiserver: about a minute) and
-        applies a changed, valid content."""
+        applies a changed, valid content.
+
+        `token_auth_file` (kube-apiserver's --token-auth-file) turns authentication on:
+        bearer tokens of that CSV file, and the kubeconfig's admin token; anything else
+        gets 401. `authorization_mode="RBAC"` (--authorization-mode) then authorizes every
+        request against the cluster's RBAC objects (kubesim/rbac_authorizer.py)."""
         self._etcd_process: EtcdProcess | None = None
         self._etcd_url = etcd_url
         self._count = servers
@@ -104,6 +113,10 @@ class Cluster:
         self._feature_gates = dict(feature_gates or {})
         self._encryption_config = Path(encryption_config) if encryption_config is not None else None
         self._reload_interval = reload_interval if automatic_reload else None
+        self.access = AccessConfig(
+            token_auth_file=Path(token_auth_file) if token_auth_file is not None else None,
+            authorization_mode=authorization_mode,
+        )
         self.servers: list[ApiServer] = []
         self.kubeconfig: Path | None = None
         # The endpoint reconciler's writes, through an etcd client of their own (not counted as clients').
@@ -156,7 +169,7 @@ class Cluster:
     def _start_server(self, *, port: int, config: ServerConfig | None, authz_warmup_seconds: float) -> ApiServer:
         registry = Registry(EtcdStore(self.etcd_url), config)
         registry.ensure_default_namespaces()
-        server = ApiServer(registry, port=port, authz_warmup_seconds=authz_warmup_seconds)
+        server = ApiServer(registry, port=port, authz_warmup_seconds=authz_warmup_seconds, access=self.access)
         return server.start(identity_lease_seconds=self.identity_lease_seconds)
 
     def restart_server(
@@ -226,7 +239,8 @@ class Cluster:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(yaml.safe_dump(kubeconfig_doc(self.servers), sort_keys=False))
+        token = self.access.admin_token if self.access.authenticating else "kubesim"
+        tmp.write_text(yaml.safe_dump(kubeconfig_doc(self.servers, token=token), sort_keys=False))
         os.replace(tmp, path)
         self.kubeconfig = path
         return path

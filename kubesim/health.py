@@ -83,9 +83,11 @@ def forbidden(
     subresource: str | None,
     namespace: str | None,
     name: str | None,
-    user: str = WARMUP_USER,
+    user: str | None = None,
 ) -> StatusError:
-    """The 403 of an RBAC denial (`responsewriters.Forbidden` + `apierrors.NewForbidden`)."""
+    """The 403 of an RBAC denial (`responsewriters.Forbidden` + `apierrors.NewForbidden`);
+    `user`: the authenticated one, `WARMUP_USER` when authentication is off."""
+    user = user or WARMUP_USER
     what = f"{resource}/{subresource}" if subresource else resource
     if namespace:
         msg = f'User "{user}" cannot {verb} resource "{what}" in API group "{group}" in the namespace "{namespace}"'

@@ -371,6 +371,13 @@ class Registry:
             raise invalid(
                 rt.kind, rt.group, name, [("metadata.name", "Required value: name or generateName is required")]
             )
+        if rt.group == "rbac.authorization.k8s.io":
+            # RBAC names are path segments (ValidateRBACName): `system:discovery` is valid.
+            bad = f"may not be '{name}'" if name in (".", "..") else None
+            bad = bad or next((f"may not contain '{c}'" for c in ("/", "%") if c in name), None)
+            if bad:
+                raise invalid(rt.kind, rt.group, name, [("metadata.name", f'Invalid value: "{name}": {bad}')])
+            return
         if len(name) > limit or not pattern.match(name):
             raise invalid(
                 rt.kind,

@@ -19,10 +19,12 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from kubesim import aggregation, encryption, health, leases, openapi, openapi_v2, protobuf, storageversions
+from kubesim.access import AccessConfig, AccessControl
 from kubesim.admin_ops import AdminOperations
+from kubesim.authn import SUPERUSER_GROUP, UserInfo
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
 from kubesim.dryrun import dry_run_requested
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
@@ -45,9 +47,18 @@ class ApiServer(AdminOperations):
     identity: leases.IdentityLease | None = None
 
     def __init__(
-        self, registry: Registry, *, host: str = "127.0.0.1", port: int = 0, authz_warmup_seconds: float = 0.0
+        self,
+        registry: Registry,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        authz_warmup_seconds: float = 0.0,
+        access: AccessConfig | None = None,
     ) -> None:
         self.registry = registry
+        #: Authentication and RBAC (kubesim/access.py), when a token file is given.
+        self.access_config = access if access is not None and access.authenticating else None
+        self.access: AccessControl | None = None
         self.faults = Faults()
         self.aggregated = aggregation.AggregatedCache()
         self.started_at = time.time()
@@ -79,7 +90,10 @@ class ApiServer(AdminOperations):
         """
         try:
             self._read_encryption_file()
-        except encryption.ConfigError:
+            if self.access_config is not None:
+                self.access = AccessControl(self.access_config, self.registry)
+                self.access.start()
+        except (encryption.ConfigError, ValueError):
             self.httpd.server_close()
             raise
         self.identity = leases.IdentityLease(
@@ -148,6 +162,8 @@ class Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     api: ApiServer
     server_version = "kubesim"
+    #: Who sent the request being served (None: authentication is off).
+    user: UserInfo | None = None
 
     def setup(self) -> None:
         super().setup()
@@ -225,12 +241,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, method: str) -> None:
         split = urlsplit(self.path)
+        split = split._replace(path=unquote(split.path))  # Go's URL.Path is decoded: `system%3Adiscovery`
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         raw = self._body()
         try:
             if split.path.startswith("/_kubesim"):
                 self._admin(method, split.path, raw)
                 return
+            if self.api.access is not None:
+                self.user = self.api.access.admit(method, split.path, query, self.headers.get("Authorization"))
             self._serve(method, split.path, query, raw)
         except StatusError as err:
             self._send_error(err)
@@ -243,32 +262,7 @@ class Handler(BaseHTTPRequestHandler):
     # ----- admin API --------------------------------------------------------
     def _admin(self, method: str, path: str, raw: bytes) -> None:
         body = self._json_body(raw) or {}
-        route = path[len("/_kubesim") :].strip("/")
-        api = self.api
-        if route == "config" and method == "GET":
-            self._send(200, api.admin_state())
-        elif route == "storage-version" and method in ("PUT", "POST"):
-            self._send(200, api.set_storage_version(body))
-        elif route == "encryption" and method in ("PUT", "POST"):
-            self._send(200, api.set_encryption(body))
-        elif route == "feature-gates" and method in ("PUT", "POST"):
-            self._send(200, api.set_feature_gates(body))
-        elif route == "compact" and method == "POST":
-            self._send(200, api.compact())
-        elif route == "faults" and method in ("PUT", "POST"):
-            self._send(200, api.set_faults(body))
-        elif route == "faults" and method == "GET":
-            self._send(200, {"rules": [r.model_dump() for r in api.faults.rules()]})
-        elif route == "faults" and method == "DELETE":
-            self._send(200, api.set_faults({"rules": []}))
-        elif route == "counters" and method == "GET":
-            self._send(200, api.counters())
-        elif route == "counters" and method == "DELETE":
-            api.faults.reset()
-            api.registry.etcd.writes = 0
-            self._send(200, api.counters())
-        else:
-            raise StatusError(404, "NotFound", f"no admin route {method} /_kubesim/{route}", details={})
+        self._send(200, self.api.route(method, path[len("/_kubesim") :].strip("/"), body))
 
     # ----- the Kubernetes API -------------------------------------------
     def _serve(self, method: str, path: str, query: dict[str, str], raw: bytes) -> None:
@@ -293,10 +287,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, doc, ctype="application/octet-stream" if isinstance(doc, bytes) else "application/json")
                 return
         req = Request(method, path, query)
-        if self.api.warmup.active():  # authorization runs before the resource is looked up
+        if self.api.warmup.active() and not self._superuser():  # authorization runs before the lookup
             self.api.faults.count(req.verb, f"{req.resource}.{req.group}" if req.group else req.resource)
-            raise health.forbidden(verb=req.verb, group=req.group, resource=req.resource,
-                                   subresource=req.subresource, namespace=req.namespace, name=req.name)  # fmt: skip
+            raise health.forbidden(verb=req.verb, group=req.group, resource=req.resource, subresource=req.subresource,
+                                   namespace=req.namespace, name=req.name, user=self.user.name if self.user else None)  # fmt: skip
         if not VERSION_RE.match(req.version):
             raise resource_not_found()
         rt = registry.lookup(req.group, req.version, req.resource)
@@ -313,6 +307,10 @@ class Handler(BaseHTTPRequestHandler):
         if not rt.namespaced and req.namespace is not None:
             raise resource_not_found()
         self._handle(rt, req, raw)
+
+    def _superuser(self) -> bool:
+        """system:masters is allowed before RBAC's caches fill (kube-apiserver's privileged-groups authorizer)."""
+        return self.user is not None and SUPERUSER_GROUP in self.user.groups
 
     def _inject(self, fault: FaultRule) -> bool:
         """Apply a fault; True when it answered (or dropped) the request."""

@@ -36,7 +36,16 @@ from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.backoff import retry_delay
-from storage_migrator.kube.errors import Conflict, Expired, KubeError, MethodNotAllowed, NotFound, is_retriable
+from storage_migrator.kube.errors import (
+    RBAC_FIX,
+    Conflict,
+    Expired,
+    Forbidden,
+    KubeError,
+    MethodNotAllowed,
+    NotFound,
+    is_retriable,
+)
 from storage_migrator.kube.health import READYZ_TIMEOUT_SECONDS, is_ready
 from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.resources import ResourceRef
@@ -231,8 +240,9 @@ def _list(ctx: _Context, token: str | None) -> tuple[ListPage, int]:
             step = ctx.next_step(exc, attempt=attempt, max_attempts=options.max_list_attempts, settled_for=settled_for)
             if step == "fail":
                 tries = f"{attempt + 1} times" if is_retriable(exc) else "for good"
+                fix = f" ({RBAC_FIX})" if isinstance(exc, Forbidden) and exc.permission else ""
                 raise MigrationAborted(
-                    "ListFailed", f"LIST {ref} failed {tries}, last: {exc.code} {exc.reason}: {exc.message}"
+                    "ListFailed", f"LIST {ref} failed {tries}, last: {exc.code} {exc.reason}: {exc.message}{fix}"
                 ) from exc
             if step == "settle":
                 settled_for += ctx.wait(exc, step, attempt=settles)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from kubernetes.client import ApiClient
 
-from storage_migrator.kube.errors import Conflict, NotFound
+from storage_migrator.kube.errors import RBAC_FIX, Conflict, NotFound, denied_permission
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.reading import read_object
 from storage_migrator.kube.resources import ResourceRef
@@ -88,7 +88,10 @@ def failure_summary(failures: list[ObjectFailure], total: int) -> str:
         for f in failures[:NAMED_FAILURES]
     )
     more = f", and {total - NAMED_FAILURES} more" if total > NAMED_FAILURES else ""
-    return f"{total} object(s) could not be rewritten: {named}{more}"
+    summary = f"{total} object(s) could not be rewritten: {named}{more}"
+    # Issue 14: a denied permission is named whole (the per-object messages are cut) with its fix.
+    denied = next((p for f in failures if f.code == 403 and (p := denied_permission(f.message))), None)
+    return f"{summary}. Forbidden: {denied}; {RBAC_FIX}" if denied else summary
 
 
 class MigrationRecord:

@@ -34,11 +34,13 @@ from storage_migrator.tracking import select_resources, track_storage
 __all__ = [
     "DEFAULT_NAME",
     "DEFAULT_SERVICE_ACCOUNT",
+    "EVERYTHING",
     "FIXED_RULES",
     "PolicyRule",
     "RoleManifest",
     "UnknownResource",
     "build_role",
+    "shipped_rules",
 ]
 
 DEFAULT_NAME: Final = "storage-migrator"
@@ -71,18 +73,33 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> PolicyRu
     return PolicyRule(api_groups=tuple(groups), resources=tuple(resources), verbs=tuple(verbs))
 
 
-#: What every worker needs whatever it migrates (deployments/rbac/storage-migrator.yaml says why each).
+#: What re-writing any object takes (DESIGN 4.5): the chunked LIST, the no-op patch, the PUT fallback.
+REWRITE_VERBS: Final = ("list", "patch", "update")
+#: The shipped role's first rule: re-write every resource of every group (what the in-tree migrator has).
+EVERYTHING: Final = PolicyRule(api_groups=("*",), resources=("*",), verbs=REWRITE_VERBS)
+
+#: What every worker needs whatever it migrates (deployments/rbac/storage-migrator.yaml says why each),
+#: and no more: tests/integration/test_rbac_proven.py shows each is used.
 FIXED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule([GROUP], [STORAGE_VERSION_MIGRATIONS, STORAGE_STATES],
           ["get", "list", "watch", "create", "update", "patch", "delete"]),
-    _rule([GROUP], [f"{STORAGE_VERSION_MIGRATIONS}/status", f"{STORAGE_STATES}/status"], ["get", "update", "patch"]),
-    _rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list"]),
+    _rule([GROUP], [f"{STORAGE_VERSION_MIGRATIONS}/status", f"{STORAGE_STATES}/status"], ["update", "patch"]),
+    _rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list"]),
     _rule(["apiextensions.k8s.io"], ["customresourcedefinitions/status"], ["patch"]),
-    _rule(["apiregistration.k8s.io"], ["apiservices"], ["get", "list"]),
+    _rule(["apiregistration.k8s.io"], ["apiservices"], ["list"]),
     _rule(["internal.apiserver.k8s.io"], ["storageversions"], ["get", "list"]),
     _rule(["discovery.k8s.io"], ["endpointslices"], ["list"]),
     PolicyRule(non_resource_urls=("/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz"), verbs=("get",)),
 )  # fmt: skip
+
+
+def shipped_rules() -> list[PolicyRule]:
+    """The shipped role: ``EVERYTHING``, then the fixed rules it does not already grant.
+
+    RBAC's ``*`` matches subresources too, so a fixed rule whose verbs are all
+    re-write verbs would be a rule nobody needs (issue 14: removing any one rule
+    of the shipped role must make something fail)."""
+    return [EVERYTHING, *(r for r in FIXED_RULES if r.resources is None or not set(r.verbs) <= set(REWRITE_VERBS))]
 
 
 class RoleManifest(BaseModel):

@@ -24,7 +24,7 @@ from storage_migrator.detection import (
     TrimStoredVersions,
     UpdateState,
 )
-from storage_migrator.kube.errors import KubeError, NotFound
+from storage_migrator.kube.errors import Forbidden, KubeError, NotFound
 from storage_migrator.kube.writing import delete_object, patch_object
 from storage_migrator.migrations import MIGRATIONS, create_migration
 from storage_migrator.models import (
@@ -50,6 +50,9 @@ class Applied(BaseModel):
     done: list[str] = Field(default_factory=list)
     created_migrations: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
+    denied: list[str] = Field(
+        default_factory=list, description="Of the errors, the permissions RBAC denied (no later poll heals them)."
+    )
 
 
 @task(name="observe", **PRIVATE)
@@ -107,8 +110,13 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                 else:  # pragma: no cover - the union is closed
                     raise TypeError(f"unknown action {action!r}")
             except KubeError as exc:
-                # Lost a race or a transient error: the next poll plans again from what it sees.
                 applied.errors.append(f"{action.kind}: {exc}")
+                if isinstance(exc, Forbidden) and exc.permission:
+                    # Issue 14: a missing permission, named with its fix (str(exc)); it fails the poll.
+                    applied.denied.append(f"{action.kind}: {exc}")
+                    logger.error("could not %s: %s", action.kind, exc)
+                    continue
+                # Lost a race or a transient error: the next poll plans again from what it sees.
                 logger.warning("could not %s: %s (the next poll retries)", action.kind, exc)
                 continue
             applied.done.append(done)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import email.utils
 import json
 import math
+import re
 import time
 from collections.abc import Mapping
 from typing import Any, Final, TypedDict, cast
@@ -26,6 +27,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 __all__ = [
+    "RBAC_FIX",
     "AlreadyExists",
     "BadRequest",
     "Conflict",
@@ -46,6 +48,7 @@ __all__ = [
     "TransportError",
     "Unauthorized",
     "UnsupportedMediaType",
+    "denied_permission",
     "error_from_answer",
     "from_api_exception",
     "from_http_response",
@@ -64,6 +67,23 @@ MAX_PLAIN_TEXT_CHARS: Final = 200
 RETRIABLE_CODES: Final = frozenset({429, 500, 503, 504})
 #: Codes a restarting API server gives until its authn/authz caches fill.
 SETTLING_CODES: Final = frozenset({401, 403})
+
+#: The fix for a permission RBAC denies (issue 14): the shipped role grants all the migrator does.
+RBAC_FIX: Final = (
+    "grant it: apply deployments/rbac/storage-migrator.yaml (or the output of `storage-migrator rbac`), which binds "
+    "the ClusterRole storage-migrator to the ServiceAccount storage-migrator/storage-migrator; bind it to the "
+    "identity named here if the migrator runs as another one"
+)
+#: How kube-apiserver words an authorization denial (responsewriters.forbiddenMessage).
+_DENIAL = re.compile(r'User "[^"]*" cannot \S+ (?:resource "[^"]*" in API group "[^"]*" '
+                     r'(?:at the cluster scope|in the namespace "[^"]*")|path "[^"]*")')  # fmt: skip
+
+
+def denied_permission(message: str) -> str | None:
+    """The permission an RBAC denial names (`User "u" cannot list resource "secrets" in API group ""
+    at the cluster scope`), or None when a 403 is no authorization denial (e.g. an admission plugin's)."""
+    found = _DENIAL.search(message)
+    return found.group(0) if found else None
 
 
 class StatusCause(TypedDict, total=False):
@@ -182,7 +202,20 @@ class Unauthorized(KubeError):
 
 
 class Forbidden(KubeError):
-    """403: RBAC (or an admission plugin) denies the request."""
+    """403: RBAC (or an admission plugin) denies the request.
+
+    An authorization denial names the missing permission (verb, resource, API group,
+    scope); ``str()`` adds how to grant it, so every log line and failed state says both.
+    """
+
+    @property
+    def permission(self) -> str | None:
+        """The permission the authorizer denied, when it is an authorization denial."""
+        return denied_permission(self.message)
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"{text} ({RBAC_FIX})" if self.permission else text
 
 
 class NotFound(KubeError):

@@ -1,4 +1,7 @@
-"""deployments/rbac: what the workers may do is what the code does, and no more."""
+"""deployments/rbac: what the workers may do is what the code does, and no more.
+
+A static reading of the role; tests/integration/test_rbac_proven.py proves it against
+kubesim's RBAC (every flow with this role alone; no rule can be removed)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,18 @@ from typing import Any
 import pytest
 import yaml
 
+from kubesim.authn import UserInfo
+from kubesim.rbac_authorizer import Attributes, rule_allows
 from storage_migrator.kube.discovery import DiscoveredResource
-from storage_migrator.rbac import FIXED_RULES, PolicyRule, RoleManifest, UnknownResource, build_role
+from storage_migrator.rbac import (
+    EVERYTHING,
+    FIXED_RULES,
+    PolicyRule,
+    RoleManifest,
+    UnknownResource,
+    build_role,
+    shipped_rules,
+)
 
 RBAC = Path(__file__).resolve().parents[2] / "deployments" / "rbac" / "storage-migrator.yaml"
 
@@ -21,16 +34,12 @@ def cluster_role() -> dict[str, Any]:
 
 
 def allowed(group: str, resource: str, verb: str) -> bool:
-    for rule in cluster_role()["rules"]:
-        if "nonResourceURLs" in rule:
-            continue
-        if (
-            (group in rule["apiGroups"] or "*" in rule["apiGroups"])
-            and (resource in rule["resources"] or "*" in rule["resources"])
-            and verb in rule["verbs"]
-        ):
-            return True
-    return False
+    """Whether a rule of the role allows it, matched as kube-apiserver's RBAC matches
+    (kubesim/rbac_authorizer.py: `*` covers subresources, `resource/sub` is one name)."""
+    name, _, sub = resource.partition("/")
+    attrs = Attributes(user=UserInfo("u"), verb=verb, path="", resource_request=True, api_group=group,
+                       resource=name, subresource=sub)  # fmt: skip
+    return any(rule_allows(attrs, rule) for rule in cluster_role()["rules"])
 
 
 def test_migrated_objects_can_be_listed_and_rewritten_but_not_read_created_or_deleted() -> None:
@@ -102,13 +111,15 @@ def _rules(built: RoleManifest) -> list[dict[str, Any]]:
     return list(role["rules"][: len(role["rules"]) - len(fixed)])
 
 
-def test_the_shipped_files_fixed_rules_are_the_functions() -> None:
-    """One source of truth: the shipped role is the function's fixed rules plus the `*` rule."""
+def test_the_shipped_files_rules_are_the_functions() -> None:
+    """One source of truth: the shipped role is `*` plus the fixed rules `*` does not grant
+    (a narrower role from `storage-migrator rbac` carries all of them)."""
     shipped = [PolicyRule.model_validate(r) for r in cluster_role()["rules"]]
-    wildcard = [r for r in shipped if r.resources == ("*",)]
-    assert wildcard == [PolicyRule(api_groups=("*",), resources=("*",), verbs=("list", "patch", "update"))]
-    fixed = [r for r in shipped if r not in wildcard]
-    assert len(fixed) == len(FIXED_RULES) and set(fixed) == set(FIXED_RULES)
+    assert shipped == shipped_rules()
+    assert (
+        shipped[0] == EVERYTHING == PolicyRule(api_groups=("*",), resources=("*",), verbs=("list", "patch", "update"))
+    )
+    assert set(shipped[1:]) < set(FIXED_RULES)
 
 
 def test_a_key_rotation_role_lists_and_patches_secrets_and_configmaps_only() -> None:

@@ -1,0 +1,424 @@
+"""The shipped role proven (issue 14, item 4): every flow runs as a ServiceAccount bound
+only to deployments/rbac/storage-migrator.yaml, and no rule of it can be removed.
+
+A cluster of this module's own with kubesim's authentication (a token file) and RBAC
+on, as kube-apiserver's --token-auth-file and --authorization-mode=RBAC. The
+manifests are applied with the admin token; the migrator runs with the token of
+`system:serviceaccount:storage-migrator:storage-migrator`. The default bindings
+`system:discovery` and `system:public-info-viewer` are removed, as on a hardened
+cluster, so that the role alone must grant discovery and `/readyz` too.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import install_migration_crds
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes import utils as k8s_utils
+
+from kubesim import codec
+from kubesim.admin import Admin
+from kubesim.authn import UserInfo
+from kubesim.cluster import Cluster
+from kubesim.etcd import EtcdStore, prefix_end
+from kubesim.rbac_authorizer import Attributes, rule_allows
+from storage_migrator.chunks import ChunkOptions, migrate_chunk
+from storage_migrator.crds import CRDS
+from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.kube.discovery import discover
+from storage_migrator.kube.endpoints import api_server_urls
+from storage_migrator.kube.errors import RBAC_FIX, Forbidden, KubeError
+from storage_migrator.kube.listing import iterate_items, list_page
+from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.kube.storageversions import list_storage_versions, read_storage_version
+from storage_migrator.kube.transport import request
+from storage_migrator.kube.writing import delete_object, patch_object, rewrite_with_patch, rewrite_with_put
+from storage_migrator.migrations import MIGRATIONS, create_migration, list_migrations, read_migration
+from storage_migrator.models import new_storage_version_migration
+from storage_migrator.settings import Settings
+from storage_migrator.states import list_states
+from tasks.dispatching import APISERVICES
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+RBAC_FILE = ROOT / "deployments" / "rbac" / "storage-migrator.yaml"
+SA_USER = "system:serviceaccount:storage-migrator:storage-migrator"
+SA_GROUPS = "system:serviceaccounts,system:serviceaccounts:storage-migrator"
+CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")
+NAMESPACE = "rbac-proven"
+FAST: dict[str, Any] = {"write_rate_per_second": 2000.0}
+
+
+def shipped_role() -> dict[str, Any]:
+    (role,) = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d and d["kind"] == "ClusterRole"]
+    return role
+
+
+def describe(rule: dict[str, Any]) -> str:
+    if "nonResourceURLs" in rule:
+        return "urls:" + ",".join(rule["nonResourceURLs"])
+    return f"{','.join(rule['apiGroups']) or 'core'}:{','.join(rule['resources'])}:{','.join(rule['verbs'])}"
+
+
+@dataclass
+class RbacCluster:
+    cluster: Cluster
+    admin_kubeconfig: str
+    sa_kubeconfig: str
+    admin: Admin
+    etcd: EtcdStore
+    api: k8s.ApiClient  # the admin's
+
+    def sa_api(self) -> k8s.ApiClient:
+        """The migrator's own client, as it builds it (DESIGN 4.1)."""
+        return api_client_from_settings(Settings(kubeconfig=self.sa_kubeconfig))
+
+    def set_role_rules(self, rules: list[dict[str, Any]]) -> None:
+        rbac = k8s.RbacAuthorizationV1Api(self.api)
+        role = rbac.read_cluster_role("storage-migrator")
+        role.rules = rules
+        rbac.replace_cluster_role("storage-migrator", role)
+
+
+@pytest.fixture(scope="module")
+def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RbacCluster]:
+    home = tmp_path_factory.mktemp("rbac")
+    token = secrets.token_hex(16)
+    tokens = home / "tokens.csv"
+    tokens.write_text(f'{token},{SA_USER},uid-storage-migrator,"{SA_GROUPS}"\n')
+    cluster = Cluster(token_auth_file=tokens, authorization_mode="RBAC").start()
+    try:
+        admin_kubeconfig = cluster.write_kubeconfig(home / "admin.yaml")
+        sa_config = yaml.safe_load(admin_kubeconfig.read_text())
+        sa_config["users"] = [{"name": "kubesim-admin", "user": {"token": token}}]
+        sa_kubeconfig = home / "storage-migrator.yaml"
+        sa_kubeconfig.write_text(yaml.safe_dump(sa_config))
+        api = k8s_config.new_client_from_config(config_file=str(admin_kubeconfig))
+        install_migration_crds(api)
+        k8s_utils.create_from_yaml(api, str(RBAC_FILE))
+        rbac = k8s.RbacAuthorizationV1Api(api)
+        for binding in ("system:discovery", "system:public-info-viewer"):
+            rbac.delete_cluster_role_binding(binding)
+        core = k8s.CoreV1Api(api)
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=NAMESPACE)))
+        for i in range(5):
+            core.create_namespaced_config_map(NAMESPACE, k8s.V1ConfigMap(
+                metadata=k8s.V1ObjectMeta(name=f"cm-{i}"), data={"i": str(i)}))  # fmt: skip
+            core.create_namespaced_secret(NAMESPACE, k8s.V1Secret(
+                metadata=k8s.V1ObjectMeta(name=f"s-{i}"), string_data={"i": str(i)}))  # fmt: skip
+        etcd = cluster.etcd()
+        yield RbacCluster(cluster=cluster, admin_kubeconfig=str(admin_kubeconfig), sa_kubeconfig=str(sa_kubeconfig),
+                          admin=Admin(cluster.server.url), etcd=etcd, api=api)  # fmt: skip
+        etcd.close()
+        api.close()
+    finally:
+        cluster.stop()
+
+
+def stored(rc: RbacCluster, resource: str) -> dict[str, codec.Stored]:
+    prefix = f"/registry/{resource}/{NAMESPACE}/".encode()
+    kvs = rc.etcd.range(prefix, prefix_end(prefix)).kvs
+    return {kv.key.decode(): codec.decode(kv.value, read_keys=["key1", "key2"]) for kv in kvs}
+
+
+def test_authentication_and_authorization_answer_as_kube_apiserver(rbac_cluster: RbacCluster) -> None:
+    """No or an unknown token: 401 Unauthorized; the ServiceAccount: what its role grants, 403 beyond."""
+    url = f"{rbac_cluster.cluster.server.url}/api/v1/namespaces/{NAMESPACE}/secrets/s-0"
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers))
+        assert denied.value.code == 401
+        assert json.loads(denied.value.read()) == {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                                   "status": "Failure", "message": "Unauthorized",
+                                                   "reason": "Unauthorized", "code": 401}  # fmt: skip
+    api = rbac_cluster.sa_api()
+    try:
+        with pytest.raises(k8s.ApiException) as forbidden:
+            k8s.CoreV1Api(api).read_namespaced_secret("s-0", NAMESPACE)
+    finally:
+        api.close()
+    assert forbidden.value.status == 403
+    assert json.loads(forbidden.value.body)["message"] == (
+        f'secrets "s-0" is forbidden: User "{SA_USER}" cannot get resource "secrets" in API group "" in the '
+        f'namespace "{NAMESPACE}"'
+    )
+
+
+def test_every_flow_runs_with_only_the_shipped_role(
+    rbac_cluster: RbacCluster, prefect_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 14: "A test runs detection, migrate-resource (patch and PUT modes),
+    run-migrations, initialize and the rotation flow with a token bound only to the
+    shipped ClusterRole" -- judged by what etcd holds."""
+    from flows.detect_storage_changes import detect_storage_changes
+    from flows.initialize import initialize
+    from flows.migrate_resource import migrate_resource
+    from flows.rotate_encryption_key import rotate_encryption_key
+    from flows.run_migrations import run_migrations
+
+    rc, sa = rbac_cluster, rbac_cluster.sa_kubeconfig
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "configmaps")
+    detected = detect_storage_changes(settle_seconds=0, poll_seconds=600, start_migrations=False, kubeconfig=sa,
+                                      return_state=True)  # fmt: skip
+    assert detected.is_completed(), detected.message
+    assert [s.metadata.name for s in list_states(api_client_from_settings(Settings(kubeconfig=sa)))] == ["configmaps"]
+
+    # migrate-resource, patch mode (every built-in serves patch): configmaps to v2.
+    rc.admin.set_storage_version("configmaps", "v2")
+    state = migrate_resource(resource="configmaps", kubeconfig=sa, return_state=True, **FAST)
+    assert state.is_completed(), state.message
+    assert {s.api_version for s in stored(rc, "configmaps").values()} == {"v2"}
+
+    # PUT mode (the fallback for resources without patch): the chunk loop as the flow runs it.
+    rc.admin.set_storage_version("configmaps", "v1")
+    api = rc.sa_api()
+    try:
+        options = ChunkOptions(limit=3, write_mode="put", backoff_base_seconds=0.01, backoff_max_seconds=0.1)
+        token: str | None = None
+        while True:
+            chunk = migrate_chunk(api, CONFIGMAPS, continue_token=token, options=options)
+            assert chunk.failed == 0, chunk.failures
+            token = chunk.token_out
+            if token is None:
+                break
+    finally:
+        api.close()
+    assert {s.api_version for s in stored(rc, "configmaps").values()} == {"v1"}
+
+    # initialize (kept small by the include list), then run-migrations runs what it requested.
+    summary = initialize(include=["secrets"], start_migrations=False, kubeconfig=sa)
+    assert len(summary.created) == 1, summary
+    ran = run_migrations(max_parallel=1, kubeconfig=sa, **FAST)
+    assert set(ran.outcomes.values()) == {"Completed"}, ran.outcomes
+
+    # rotate-encryption-key: key2 becomes the write key (seed 003's order), the flow proves it.
+    assert {s.key_name for s in stored(rc, "secrets").values()} == {"key1"}
+    rc.admin.set_encryption(["key1", "key2"], resources=["secrets", "configmaps"])
+    rc.admin.set_encryption(["key2", "key1"], resources=["secrets", "configmaps"])
+    rotated = rotate_encryption_key(key="key2", kubeconfig=sa, return_state=True, **FAST)
+    assert rotated.is_completed(), rotated.message
+    for resource in ("secrets", "configmaps"):
+        assert {s.key_name for s in stored(rc, resource).values()} == {"key2"}, resource
+
+
+# ----- every rule is needed -------------------------------------------------------------
+@dataclass
+class Probe:
+    """One kind of request the migrator makes, made the way it makes it."""
+
+    name: str
+    call: Callable[[k8s.ApiClient], object]
+
+
+def probes(rc: RbacCluster) -> list[Probe]:
+    """The smallest call of each kind of request the flows make (discovery, the chunk loop's
+    LIST and writes, our requests, states and CRDs, APIServices, agreement, readiness)."""
+    admin = rc.api
+    if not any(m.metadata.name == "rbac-probe" for m in list_migrations(admin)):
+        create_migration(admin, new_storage_version_migration(group="", version="v1", resource="configmaps",
+                                                              name="rbac-probe"))  # fmt: skip
+
+    def as_read() -> dict[str, Any]:
+        """cm-0 as a full LIST item (the migrator's PUT body), read by the admin."""
+        cm = k8s.CoreV1Api(admin).read_namespaced_config_map("cm-0", NAMESPACE)
+        return dict(k8s.ApiClient().sanitize_for_serialization(cm), apiVersion="v1", kind="ConfigMap")
+
+    def patch(api: k8s.ApiClient) -> object:
+        rv = as_read()["metadata"]["resourceVersion"]
+        return rewrite_with_patch(api, CONFIGMAPS, name="cm-0", namespace=NAMESPACE, resource_version=rv)
+
+    def put(api: k8s.ApiClient) -> object:
+        return rewrite_with_put(api, CONFIGMAPS, body=json.dumps(as_read()).encode())
+
+    def create_and_delete_request(api: k8s.ApiClient) -> None:
+        created = create_migration(api, new_storage_version_migration(group="", version="v1", resource="secrets"))
+        name = str(created.metadata.name)
+        try:
+            delete_object(api, MIGRATIONS, name=name, uid=created.metadata.uid)
+        finally:
+            if any(m.metadata.name == name for m in list_migrations(admin)):
+                delete_object(admin, MIGRATIONS, name=name)
+
+    return [
+        Probe("discovery", lambda api: discover(api)),
+        Probe("/readyz", lambda api: request(api, method="GET", path="/readyz", what="GET /readyz", accept="*/*")),
+        Probe("LIST objects", lambda api: list_page(api, CONFIGMAPS, limit=2)),
+        Probe("no-op patch", patch),
+        Probe("PUT as read", put),
+        Probe("list requests", list_migrations),
+        Probe("read a request", lambda api: read_migration(api, "rbac-probe")),
+        Probe("create and delete a request", create_and_delete_request),
+        Probe(
+            "write a request's status",
+            lambda api: patch_object(api, MIGRATIONS, name="rbac-probe", subresource="status", patch={"status": {}}),
+        ),
+        Probe("list states", list_states),
+        Probe("list CRDs", lambda api: list(iterate_items(api, CRDS, limit=50))),
+        Probe(
+            "trim a CRD's storedVersions",
+            lambda api: patch_object(
+                api,
+                CRDS,
+                name="storagestates.migration.k8s.io",
+                subresource="status",
+                patch={"status": {"storedVersions": ["v1alpha1"]}},
+            ),
+        ),
+        Probe("list APIServices", lambda api: list(iterate_items(api, APISERVICES, limit=50))),
+        Probe("list StorageVersions", lambda api: list_storage_versions(api)),
+        Probe("read a StorageVersion", lambda api: read_storage_version(api, group="", resource="configmaps")),
+        Probe("API servers' EndpointSlices", lambda api: api_server_urls(api)),
+    ]
+
+
+def run_probes(rc: RbacCluster) -> list[tuple[str, KubeError]]:
+    failures: list[tuple[str, KubeError]] = []
+    api = rc.sa_api()
+    try:
+        for probe in probes(rc):
+            try:
+                probe.call(api)
+            except KubeError as exc:
+                failures.append((probe.name, exc))
+    finally:
+        api.close()
+    return failures
+
+
+def denied_attributes(error: Forbidden) -> Attributes:
+    """The request a denial names, read back from its message."""
+    permission = error.permission
+    assert permission is not None, str(error)
+    path = re.fullmatch(r'User "(?P<user>[^"]*)" cannot (?P<verb>\S+) path "(?P<path>[^"]*)"', permission)
+    user = UserInfo(name=SA_USER)
+    if path:
+        return Attributes(user=user, verb=path["verb"], path=path["path"], resource_request=False)
+    found = re.fullmatch(r'User "[^"]*" cannot (?P<verb>\S+) resource "(?P<resource>[^"]*)" in API group '
+                         r'"(?P<group>[^"]*)" .*', permission)  # fmt: skip
+    assert found, permission
+    resource, _, sub = found["resource"].partition("/")
+    return Attributes(user=user, verb=found["verb"], path="", resource_request=True, api_group=found["group"],
+                      resource=resource, subresource=sub)  # fmt: skip
+
+
+def test_with_the_whole_role_nothing_is_forbidden(rbac_cluster: RbacCluster) -> None:
+    assert run_probes(rbac_cluster) == []
+
+
+RULES = shipped_role()["rules"]
+
+
+@pytest.mark.parametrize("index", range(len(RULES)), ids=[describe(r) for r in RULES])
+def test_without_any_one_rule_something_fails_naming_the_permission(rbac_cluster: RbacCluster, index: int) -> None:
+    """Issue 14: "removing any one rule makes something fail with a clear message naming
+    the missing permission" (the rules are read from the YAML: a new one is covered)."""
+    removed = RULES[index]
+    rbac_cluster.set_role_rules([copy.deepcopy(r) for i, r in enumerate(RULES) if i != index])
+    try:
+        failures = run_probes(rbac_cluster)
+    finally:
+        rbac_cluster.set_role_rules(copy.deepcopy(RULES))
+    assert failures, (
+        f"nothing the migrator does needs rule {describe(removed)}: drop it from {RBAC_FILE.name}, "
+        "or add to probes() the request that needs it"
+    )
+    for name, error in failures:
+        assert isinstance(error, Forbidden), f"{name}: {error}"
+        assert rule_allows(denied_attributes(error), removed), f"{name} failed for another reason: {error}"
+        assert f'User "{SA_USER}" cannot ' in str(error) and RBAC_FIX in str(error)
+
+
+# ----- what a migration run says about a missing permission -----------------------------
+ALL_BUT_REWRITES = [
+    {"apiGroups": ["migration.k8s.io"], "resources": ["*"], "verbs": ["*"]},
+    {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"], "verbs": ["get", "list"]},
+    {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz"], "verbs": ["get"]},
+]
+
+
+@pytest.mark.parametrize(
+    ("verbs", "denied"),
+    [
+        (["list"], 'cannot patch resource "configmaps" in API group "" in the namespace "rbac-proven"'),
+        (["patch", "update"], 'cannot list resource "configmaps" in API group "" at the cluster scope'),
+    ],
+    ids=["no-patch", "no-list"],
+)
+def test_a_denied_permission_fails_the_migration_naming_it_and_the_fix(
+    rbac_cluster: RbacCluster, prefect_api: str, verbs: list[str], denied: str
+) -> None:
+    """Issue 14: a 403 surfaces with the API's message (verb, resource, group, scope) and
+    the fix, in the flow run's state and in the StorageVersionMigration's Failed condition."""
+    from flows.migrate_resource import migrate_resource
+
+    rc = rbac_cluster
+    rc.set_role_rules([{"apiGroups": ["*"], "resources": ["*"], "verbs": verbs}, *ALL_BUT_REWRITES])
+    try:
+        state = migrate_resource(resource="configmaps", kubeconfig=rc.sa_kubeconfig, return_state=True, **FAST)
+    finally:
+        rc.set_role_rules(copy.deepcopy(RULES))
+    assert state.is_failed()
+    assert denied in str(state.message) and RBAC_FIX in str(state.message), state.message
+    (migration,) = [m for m in list_migrations(rc.api) if m.metadata.name == str(state.message).split(":")[0]]
+    (failed,) = [c for c in migration.status.conditions if c.type == "Failed"]
+    assert failed.status == "True" and denied in failed.message and RBAC_FIX in failed.message, failed
+    delete_object(rc.api, MIGRATIONS, name=str(migration.metadata.name))
+
+
+def test_a_denied_detection_action_fails_the_poll_naming_it_and_the_fix(
+    rbac_cluster: RbacCluster, prefect_api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll whose StorageState cannot be created fails (no later poll would heal it),
+    with the denial and the fix in its state and log."""
+    from flows.detect_storage_changes import detect_storage_changes
+
+    rc = rbac_cluster
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "serviceaccounts")  # no state for it yet
+    ours = next(i for i, r in enumerate(RULES) if r.get("apiGroups") == ["migration.k8s.io"])
+    rules = copy.deepcopy(RULES)
+    rules[ours]["verbs"] = [v for v in rules[ours]["verbs"] if v != "create"]
+    rc.set_role_rules(rules)
+    try:
+        state = detect_storage_changes(settle_seconds=0, poll_seconds=600, start_migrations=False,
+                                       kubeconfig=rc.sa_kubeconfig, return_state=True)  # fmt: skip
+    finally:
+        rc.set_role_rules(copy.deepcopy(RULES))
+    assert state.is_failed()
+    denied = 'cannot create resource "storagestates" in API group "migration.k8s.io" at the cluster scope'
+    assert denied in str(state.message) and RBAC_FIX in str(state.message), state.message
+    assert "serviceaccounts" not in [s.metadata.name for s in list_states(rc.api)]
+
+
+def test_after_a_restart_only_system_masters_is_served_until_rbac_settles(rbac_cluster: RbacCluster) -> None:
+    """kube-apiserver before its RBAC caches fill: 403 naming the request's user, `/readyz`
+    500; `system:masters` is served (its authorizer needs no cache). Runs last: it restarts."""
+    from kubesim.health import Warmup
+
+    rc = rbac_cluster
+    server = rc.cluster.restart_server(0, authz_warmup_seconds=60)
+    try:
+        assert k8s.CoreV1Api(rc.api).list_namespaced_config_map(NAMESPACE).items
+        api = rc.sa_api()
+        try:
+            with pytest.raises(Forbidden, match=f'User "{SA_USER}" cannot list resource "configmaps"'):
+                list_page(api, CONFIGMAPS, limit=1)
+            with pytest.raises(KubeError) as readyz:
+                request(api, method="GET", path="/readyz", what="GET /readyz", accept="*/*")
+            assert readyz.value.code == 500
+        finally:
+            api.close()
+    finally:
+        server.warmup = Warmup(0)

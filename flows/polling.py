@@ -8,15 +8,19 @@ issue 10). It starts nothing itself, so the two never call each other.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from storage_migrator.agreement import AgreementSource
 from storage_migrator.detection import DeleteMigration, DetectionSettings, plan_detection
 from storage_migrator.dispatch import plan_dispatch
+from storage_migrator.ledger.recorder import writer_from_settings
+from storage_migrator.ledger.records import PollRecord
 from storage_migrator.retention import plan_retention
 from storage_migrator.settings import Settings
 from storage_migrator.tracking import select_resources
@@ -54,6 +58,7 @@ def poll(settings: Settings) -> PollSummary:
     `plan_retention`'s for finished requests older than `request_retention_seconds`
     (a Failed one only once a person annotates it `migration.k8s.io/acknowledged: "true"`)."""
     logger = get_run_logger()
+    began, clock = datetime.now(UTC), time.monotonic()
     seen = observe(settings)
     if seen.failed_group_versions:
         # Deciding on a partial document could reset or refine the wrong states.
@@ -73,6 +78,12 @@ def poll(settings: Settings) -> PollSummary:
                if a.name not in planned]  # fmt: skip
     plan = plan.model_copy(update={"actions": [*plan.actions, *expired]})
     applied = apply_plan(settings, plan, seen.states)
+    # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
+    writer_from_settings(settings).submit(PollRecord(
+        started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,
+        resources_seen=len(discovered), changes=len(applied.done), requests_made=len(applied.created_migrations),
+        errors=len(applied.errors), flow_run_id=str(flow_run.id) if flow_run.id else None,
+    ))  # fmt: skip
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:
         create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,11 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # The test server runs on SQLite, where a global-concurrency-limit acquisition can
 # wait seconds on the database lock; tests of the shared budget turn it back on.
 os.environ.setdefault("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
+# The ledger (issue 12): the session's runs are recorded in a file of its own, never ./storage-migrator.db;
+# tests of the ledger point STORAGE_MIGRATOR_DATABASE_URL at their own database.
+os.environ.setdefault(
+    "STORAGE_MIGRATOR_DATABASE_URL", f"sqlite:///{tempfile.mkdtemp(prefix='storage-migrator-ledger-')}/ledger.db"
+)
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster

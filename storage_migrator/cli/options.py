@@ -1,0 +1,44 @@
+"""The options every command shares (``--kubeconfig``, ``--context``) and what they build.
+
+Design decision: the global options only override the ``STORAGE_MIGRATOR_*``
+settings (DESIGN 5), so a command reads the cluster exactly as the flows do,
+through the same access layer (storage_migrator/kube/).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+from kubernetes.client import ApiClient
+from pydantic import BaseModel
+
+from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.settings import Settings
+
+__all__ = ["GlobalOptions", "kube_api", "settings_of"]
+
+
+class GlobalOptions(BaseModel):
+    """What the top-level options say; ``None`` leaves the setting to the environment."""
+
+    kubeconfig: Path | None = None
+    context: str | None = None
+
+
+def settings_of(ctx: typer.Context) -> Settings:
+    """The settings with the global options applied."""
+    options = ctx.find_object(GlobalOptions) or GlobalOptions()
+    return Settings(**options.model_dump(exclude_none=True))
+
+
+@contextmanager
+def kube_api(settings: Settings) -> Iterator[ApiClient]:
+    """An API client closed after the command."""
+    api = api_client_from_settings(settings)
+    try:
+        yield api
+    finally:
+        api.close()  # type: ignore[no-untyped-call]

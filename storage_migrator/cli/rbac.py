@@ -1,0 +1,15 @@
+"""``storage-migrator rbac``: being built on branch cli (issue 12 item 2, issue 14 item 3)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+__all__ = ["command"]
+
+
+def command() -> None:
+    """Not yet: being built on branch cli."""
+    print("storage-migrator: rbac is not built yet", file=sys.stderr)
+    raise typer.Exit(1)

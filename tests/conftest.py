@@ -31,6 +31,8 @@ os.environ.setdefault(
     "STORAGE_MIGRATOR_DATABASE_URL", f"sqlite:///{tempfile.mkdtemp(prefix='storage-migrator-ledger-')}/ledger.db"
 )
 
+from ledger_fixtures import postgres_server, postgres_url  # noqa: F401 - fixtures for the ledger's tests
+
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdStore

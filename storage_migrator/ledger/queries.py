@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
-from storage_migrator.ledger.schema import ChunkRow, GapRow, PollRow, RunOutcomeRow, RunRow
+from storage_migrator.ledger.schema import ChunkRow, GapRow, PollRow, RunOutcomeRow, RunRow, StateChangeRow
 from storage_migrator.models import StorageVersionMigration, phase_from_conditions, storage_state_name
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "LastPoll",
     "ObjectCounts",
     "RunHistory",
+    "StateChangeEntry",
     "UnrecordedMigration",
     "finished_durations",
     "gaps",
@@ -32,6 +33,8 @@ __all__ = [
     "last_full_migration",
     "last_poll",
     "object_counts",
+    "recorded_uids",
+    "state_changes",
     "unrecorded_migrations",
 ]
 
@@ -88,6 +91,20 @@ class UnrecordedMigration(BaseModel):
     phase: str
     started_at: datetime | None
     finished_at: datetime | None
+
+
+class StateChangeEntry(BaseModel):
+    """One StorageState created or changed by detection: which hashes may be in etcd, before and after."""
+
+    recorded_at: datetime
+    state: str
+    action: str
+    old_current_hash: str | None
+    new_current_hash: str | None
+    old_persisted: list[str]
+    new_persisted: list[str]
+    reason: str
+    flow_run_id: str | None
 
 
 class ObjectCounts(BaseModel):
@@ -167,6 +184,20 @@ def gaps(engine: Engine, *, since: datetime | None = None) -> list[Gap]:
         return [Gap(recorded_at=g.recorded_at, first_lost_at=g.first_lost_at, last_lost_at=g.last_lost_at,
                     rows_lost=g.rows_lost, kinds=json.loads(g.kinds), resources=json.loads(g.resources),
                     reason=g.reason) for g in session.scalars(query)]  # fmt: skip
+
+
+def state_changes(engine: Engine, *, state: str | None = None, since: datetime | None = None) -> list[StateChangeEntry]:
+    """StorageState changes, oldest first (the order they happened in)."""
+    with Session(engine) as session:
+        query = select(StateChangeRow).order_by(StateChangeRow.recorded_at, StateChangeRow.id)
+        if state:
+            query = query.where(StateChangeRow.state == state)
+        if since:
+            query = query.where(StateChangeRow.recorded_at >= since)
+        return [StateChangeEntry(recorded_at=r.recorded_at, state=r.state, action=r.action,
+                                 old_current_hash=r.old_current_hash, new_current_hash=r.new_current_hash,
+                                 old_persisted=json.loads(r.old_persisted), new_persisted=json.loads(r.new_persisted),
+                                 reason=r.reason, flow_run_id=r.flow_run_id) for r in session.scalars(query)]  # fmt: skip
 
 
 def last_full_migration(engine: Engine, resource: str, *, ui_url: str | None = None) -> RunHistory | None:

@@ -84,6 +84,13 @@ def head_revision() -> str:
     return head
 
 
+@cache
+def known_revisions() -> frozenset[str]:
+    from alembic.script import ScriptDirectory
+
+    return frozenset(script.revision for script in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions())
+
+
 def schema_revision(connection: Connection) -> str | None:
     """The revision the database is at (None: empty)."""
     from alembic.runtime.migration import MigrationContext
@@ -103,6 +110,12 @@ def ensure_schema(engine: Engine) -> None:
             return
         with engine.connect() as connection:
             current = schema_revision(connection)
+        if current is not None and current not in known_revisions():
+            raise LedgerConfigError(
+                f"the ledger at {engine.url.render_as_string(hide_password=True)!r} is at schema revision "
+                f"{current!r}, which this storage-migrator does not know (it knows up to {head_revision()!r}): "
+                "a newer version wrote it; upgrade storage-migrator, or point STORAGE_MIGRATOR_DATABASE_URL elsewhere"
+            )
         if current != head_revision():
             try:
                 with engine.begin() as connection:

@@ -63,6 +63,16 @@ def test_alembic_upgrade_from_an_empty_database_creates_every_table(tmp_path: Pa
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
 
 
+def test_a_ledger_written_by_a_newer_version_is_refused_with_the_fix(tmp_path: Path) -> None:
+    url = _url(tmp_path / "newer.db")
+    ledger_engine(url)
+    with engine_for(url).begin() as conn:
+        conn.exec_driver_sql("UPDATE ledger_schema_version SET version_num = 'r9999'")
+    other = f"sqlite:///{tmp_path}/./newer.db"  # another URL string: checked afresh, as in a new process
+    with pytest.raises(LedgerConfigError, match=r"r9999.*upgrade storage-migrator"):
+        ledger_engine(other)
+
+
 def test_a_url_that_is_not_a_database_names_the_setting() -> None:
     with pytest.raises(LedgerConfigError, match="STORAGE_MIGRATOR_DATABASE_URL"):
         engine_for("mysql://somewhere/ledger")

@@ -81,7 +81,7 @@ def poll(settings: Settings) -> PollSummary:
     # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
     writer_from_settings(settings).submit(PollRecord(
         started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,
-        resources_seen=len(discovered), changes=len(applied.done), requests_made=len(applied.created_migrations),
+        resources_seen=len(discovered), changes=len(applied.done) - applied.heartbeats, requests_made=len(applied.created_migrations),
         errors=len(applied.errors), flow_run_id=str(flow_run.id) if flow_run.id else None,
     ))  # fmt: skip
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]

@@ -70,6 +70,7 @@ class Applied(BaseModel):
 
     done: list[str] = Field(default_factory=list)
     created_migrations: list[str] = Field(default_factory=list)
+    heartbeats: int = Field(default=0, description="StorageStates whose heartbeat alone was written (no change).")
     errors: list[str] = Field(default_factory=list)
 
 
@@ -164,4 +165,6 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
             logger.info("%s", done)
             if change is not None:
                 ledger.submit(change)
+            elif isinstance(action, UpdateState):
+                applied.heartbeats += 1
     return applied

@@ -8,17 +8,21 @@ outage never fails or slows a migration.
 
 from __future__ import annotations
 
+import logging
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from storage_migrator.chunks import ChunkResult
-from storage_migrator.ledger.records import ChunkRecord, Outcome, RunFinished, RunStarted
+from storage_migrator.ledger.records import ChunkRecord, LedgerRecord, Outcome, RunFinished, RunStarted
 from storage_migrator.ledger.writer import LedgerWriter, WriterOptions, writer_for
 from storage_migrator.models import MigrationProgress
 from storage_migrator.rotation import ENCRYPTION_KEY_ANNOTATION, REQUESTED_BY_LABEL, ROTATION_REQUESTER
 from storage_migrator.settings import Settings
 
 __all__ = ["RunRecorder", "encryption_key_of", "requested_by", "writer_from_settings"]
+
+logger = logging.getLogger("storage_migrator.ledger")
 
 #: The `migration.k8s.io/requested-by` values our flows set, as `history` names them.
 REQUESTERS = {"detection": "detection", "initialize": "initializer", ROTATION_REQUESTER: "rotation"}
@@ -80,17 +84,26 @@ class RunRecorder:
                            started_at=_now())  # fmt: skip
         return cls(writer, start)
 
+    def _queue(self, build: Callable[[], LedgerRecord]) -> None:
+        """Queue the record `build` makes; a record that cannot be made is logged, never raised."""
+        try:
+            record = build()
+        except Exception:  # the ledger never fails a migration (issue 12)
+            logger.exception("ledger: a row of run %s could not be made", self.start.run_id)
+            return
+        self.writer.submit(record)
+
     def started(self, *, resumed: bool) -> None:
         """The run row, once (`ended` writes it first if the run stopped before it said)."""
         if not self.announced:
             self.announced = True
-            self.writer.submit(self.start.model_copy(update={"resumed_from_token": resumed}))
+            self._queue(lambda: self.start.model_copy(update={"resumed_from_token": resumed}))
 
     def chunk(self, result: ChunkResult, *, duration_seconds: float, progress: MigrationProgress) -> None:
         """A chunk row, after its checkpoint; `progress` is the request's counters after it."""
         self.chunks += 1
         self.progress = progress
-        self.writer.submit(ChunkRecord(
+        self._queue(lambda: ChunkRecord(
             run_id=self.start.run_id, resource=self.start.resource, sequence=self.chunks,
             token_in=result.token_in, token_out=result.token_out, listed=result.listed, rewritten=result.rewritten,
             unchanged=result.unchanged, gone=result.gone, conflicted=result.conflicted, failed=result.failed,
@@ -106,7 +119,7 @@ class RunRecorder:
             return
         self.finished = True
         self.started(resumed=False)
-        self.writer.submit(RunFinished(
+        self._queue(lambda: RunFinished(
             run_id=self.start.run_id, migration=self.start.migration, migration_uid=self.start.migration_uid,
             resource=self.start.resource, finished_at=_now(), outcome=outcome, reason=reason[:128],
             message=message[:4000], listed=progress.listed, rewritten=progress.rewritten,

@@ -175,7 +175,8 @@ def test_a_failed_run_and_a_resumed_run(
     kubesim: Any, namespace: str, core: Any, sqlite_ledger: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A failed run keeps its verdict and the object named; a run resumed from a checkpoint says
-    so and its first chunk starts from the stored token (seed 002 "Failure recovery")."""
+    so and its first chunk starts from the stored token (seed 002 "Failure recovery"). Who
+    asked and the encryption key come from the request's label and annotation."""
     names = make_configmaps(core, namespace, 12)
     kubesim.admin.set_storage_version("configmaps", "v2")
     kubesim.admin.set_faults(
@@ -188,7 +189,9 @@ def test_a_failed_run_and_a_resumed_run(
     # A run that died after its first checkpoint: the next run resumes from the token.
     api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
     created = k8s.CustomObjectsApi(api).create_cluster_custom_object(GROUP, VERSION, "storageversionmigrations", {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "StorageVersionMigration", "metadata": {"generateName": "cm-"},
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "StorageVersionMigration", "metadata": {
+            "generateName": "cm-", "labels": {"migration.k8s.io/requested-by": "rotate-encryption-key"},
+            "annotations": {"migration.k8s.io/encryption-key": "key2"}},
         "spec": {"resource": {"version": "v1", "resource": "configmaps"}}})  # fmt: skip
     record = MigrationRecord.open(api, name=created["metadata"]["name"], uid=created["metadata"]["uid"])
     first = migrate_chunk(api, ResourceRef(group="", version="v1", resource="configmaps"), continue_token=None,
@@ -206,7 +209,8 @@ def test_a_failed_run_and_a_resumed_run(
     assert failed.reason == "ObjectsFailed" and failed.failed == 1 and names[5] in failed.message
     assert failed.flow_run_id == str(state.state_details.flow_run_id)
     assert done.flow_run_id == str(resumed.state_details.flow_run_id)
-    assert failed.requested_by == done.requested_by == "manual"
+    assert (failed.requested_by, failed.encryption_key) == ("manual", None)
+    assert (done.requested_by, done.encryption_key) == ("rotation", "key2")  # as rotate-encryption-key labels it
     with engine.connect() as conn:
         flag = conn.execute(text("SELECT resumed_from_token FROM migration_runs WHERE run_id = :r"),
                             {"r": done.run_id}).scalar()  # fmt: skip

@@ -17,11 +17,13 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from storage_migrator.agreement import AgreementSource
-from storage_migrator.detection import DeleteMigration, DetectionSettings, plan_detection
+from storage_migrator.detection import DeleteMigration
 from storage_migrator.dispatch import plan_dispatch
+from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import PollRecord
-from storage_migrator.retention import plan_retention
+from storage_migrator.observation import Observations
+from storage_migrator.poll_plan import plan_poll
 from storage_migrator.settings import Settings
 from storage_migrator.tracking import select_resources
 from tasks.detecting import Applied, apply_plan, observe
@@ -43,20 +45,15 @@ class PollSummary(BaseModel):
     )
 
 
-def detection_settings(settings: Settings) -> DetectionSettings:
-    return DetectionSettings(
-        settle_seconds=settings.settle_seconds,
-        stale_after_seconds=settings.stale_after,
-        retry_base_seconds=settings.retry_base_seconds,
-        retry_max_seconds=settings.retry_max_seconds,
-        poll_seconds=settings.poll_seconds,
-    )
+def tracked(seen: Observations, settings: Settings) -> list[DiscoveredResource]:
+    """The resources this poll followed (the include / exclude settings), as the ledger counts them."""
+    return select_resources(seen.discovered, include=settings.include_resources, exclude=settings.exclude_resources)
 
 
 def poll(settings: Settings) -> PollSummary:
-    """Seed 000's triggering controller, once: every decision is `plan_detection`'s, and
-    `plan_retention`'s for finished requests older than `request_retention_seconds`
-    (a Failed one only once a person annotates it `migration.k8s.io/acknowledged: "true"`)."""
+    """Seed 000's triggering controller, once: every decision is `plan_poll`'s (seed 000's
+    `plan_detection`, and `plan_retention`'s for finished requests past their retention),
+    the same plan `storage-migrator plan` prints."""
     logger = get_run_logger()
     began, clock = datetime.now(UTC), time.monotonic()
     seen = observe(settings)
@@ -65,23 +62,13 @@ def poll(settings: Settings) -> PollSummary:
         logger.warning("discovery incomplete (%s): those resources are left for the next poll",
                        ", ".join(seen.failed_group_versions))  # fmt: skip
     logger.info("agreement from %s: %s", seen.agreement_source, ", ".join(seen.api_servers) or "one server")
-    discovered = select_resources(seen.discovered, include=settings.include_resources,
-                                  exclude=settings.exclude_resources)  # fmt: skip
-    plan = plan_detection(
-        discovered=discovered, states=seen.states, migrations=seen.migrations, crds=seen.crds,
-        reporters=seen.reporters, now=datetime.now(UTC), settings=detection_settings(settings),
-    )  # fmt: skip
-    # Issue 11: finished requests past their retention go with the poll's other deletions.
-    planned = {a.name for a in plan.of_kind(DeleteMigration)}
-    expired = [a for a in plan_retention(seen.migrations, now=datetime.now(UTC),
-                                         retention_seconds=settings.request_retention_seconds)
-               if a.name not in planned]  # fmt: skip
-    plan = plan.model_copy(update={"actions": [*plan.actions, *expired]})
+    plan = plan_poll(seen, settings, now=datetime.now(UTC))
     applied = apply_plan(settings, plan, seen.states)
     # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
     writer_from_settings(settings).submit(PollRecord(
         started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,
-        resources_seen=len(discovered), changes=len(applied.done) - applied.heartbeats, requests_made=len(applied.created_migrations),
+        resources_seen=len(tracked(seen, settings)), changes=len(applied.done) - applied.heartbeats,
+        requests_made=len(applied.created_migrations),
         errors=len(applied.errors), flow_run_id=str(flow_run.id) if flow_run.id else None,
     ))  # fmt: skip
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]

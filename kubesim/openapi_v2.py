@@ -14,7 +14,8 @@ else with JSON.
 Definitions carry what kubectl's validation reads: top-level properties of every
 served kind (a field outside them is "unknown"), full `ObjectMeta`/`ListMeta`,
 and typed fields for the kinds users write by hand (ConfigMap, Secret,
-Namespace, ServiceAccount); nested parts of larger kinds (`spec`, `status`,
+Namespace, ServiceAccount, and RBAC's roles and bindings: `storage-migrator rbac
+| kubectl apply -f -`); nested parts of larger kinds (`spec`, `status`,
 event sources) are left untyped, which kubectl accepts as anything. CRD kinds
 are converted from `openAPIV3Schema` the way apiextensions-apiserver publishes
 them in v2 (`ToStructuralOpenAPIV2` and `buildKubeNative`): junctors dropped,
@@ -144,6 +145,42 @@ _EVENTS_EVENT = ["action", "deprecatedCount", "deprecatedFirstTimestamp", "depre
 _EVENTS_EVENT += ["deprecatedSource", "eventTime", "note", "reason", "regarding", "related"]
 _EVENTS_EVENT += ["reportingController", "reportingInstance", "series", "type"]
 
+RBAC = "io.k8s.api.rbac.v1"
+
+
+def _rbac_definitions() -> dict[str, dict[str, Any]]:
+    """What `kubectl apply` of a ClusterRole and its binding is validated against (k8s.io/api rbac/v1)."""
+    return {
+        f"{RBAC}.PolicyRule": {
+            "type": "object",
+            "required": ["verbs"],
+            "properties": {
+                "apiGroups": _STR_LIST,
+                "nonResourceURLs": _STR_LIST,
+                "resourceNames": _STR_LIST,
+                "resources": _STR_LIST,
+                "verbs": _STR_LIST,
+            },
+        },
+        f"{RBAC}.AggregationRule": {"type": "object", "properties": {"clusterRoleSelectors": _ANY}},
+        f"{RBAC}.Subject": {
+            "type": "object",
+            "required": ["kind", "name"],
+            "properties": {"apiGroup": _STR, "kind": _STR, "name": _STR, "namespace": _STR},
+            "x-kubernetes-map-type": "atomic",
+        },
+        f"{RBAC}.RoleRef": {
+            "type": "object",
+            "required": ["apiGroup", "kind", "name"],
+            "properties": {"apiGroup": _STR, "kind": _STR, "name": _STR},
+            "x-kubernetes-map-type": "atomic",
+        },
+    }
+
+
+_RULES = {"type": "array", "items": _ref(f"{RBAC}.PolicyRule")}
+_BINDING = {"roleRef": _ref(f"{RBAC}.RoleRef"), "subjects": {"type": "array", "items": _ref(f"{RBAC}.Subject")}}
+
 # The fields of each built-in kind besides apiVersion, kind and metadata, as
 # k8s.io/api v1.36 declares them; `_ANY` where kubesim does not type them.
 _BUILTIN_FIELDS: dict[tuple[str, str], dict[str, Any]] = {
@@ -162,6 +199,15 @@ _BUILTIN_FIELDS: dict[tuple[str, str], dict[str, Any]] = {
     ("", "Binding"): {"target": _ref("io.k8s.api.core.v1.ObjectReference")},
     ("", "ComponentStatus"): {"conditions": _ANY},
     ("events.k8s.io", "Event"): {name: _ANY for name in _EVENTS_EVENT},
+    ("rbac.authorization.k8s.io", "ClusterRole"): {"aggregationRule": _ref(f"{RBAC}.AggregationRule"), "rules": _RULES},
+    ("rbac.authorization.k8s.io", "Role"): {"rules": _RULES},
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): _BINDING,
+    ("rbac.authorization.k8s.io", "RoleBinding"): _BINDING,
+}
+#: Required fields of built-in kinds (kubectl refuses a file without them).
+_BUILTIN_REQUIRED: dict[tuple[str, str], list[str]] = {
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): ["roleRef"],
+    ("rbac.authorization.k8s.io", "RoleBinding"): ["roleRef"],
 }
 
 # Where k8s.io/api (and the two extension API servers) define each group's types.
@@ -266,7 +312,7 @@ def _paths(rt: ResourceType, version: str, name: str) -> dict[str, Any]:
 
 
 def build(types: list[ResourceType], *, server_version: str = "1.36") -> dict[str, Any]:
-    definitions = _meta_definitions()
+    definitions = {**_meta_definitions(), **_rbac_definitions()}
     paths: dict[str, Any] = {}
     for rt in types:
         for version in rt.served_versions:
@@ -275,7 +321,9 @@ def build(types: list[ResourceType], *, server_version: str = "1.36") -> dict[st
                 definitions[name] = _crd_definition(rt, version)
             else:
                 fields = copy.deepcopy(_BUILTIN_FIELDS.get((rt.group, rt.kind), {"spec": _ANY, "status": _ANY}))
-                schema = {"type": "object", "properties": fields}
+                schema: dict[str, Any] = {"type": "object", "properties": fields}
+                if (rt.group, rt.kind) in _BUILTIN_REQUIRED:
+                    schema["required"] = _BUILTIN_REQUIRED[(rt.group, rt.kind)]
                 definitions[name] = {
                     **_with_type_meta(schema, f"{META}.ObjectMeta"),
                     "x-kubernetes-group-version-kind": _gvk(rt.group, version, rt.kind),

@@ -450,7 +450,13 @@ class Registry:
         meta["managedFields"] = [managed_fields_entry(obj, manager=manager, api_version=obj["apiVersion"])]
         value, _ = self._encode(rt, obj)
         if dry_run:
-            return self.served(rt, version, self.to_storage(rt, obj), 0)
+            # DryRunnableStorage.Create: an existing name is refused as on a real create; the
+            # answer is the object as it would be stored, without a resourceVersion (none yet).
+            if self.etcd.get(rt.key(namespace, name))[0] is not None:
+                raise already_exists(rt.resource, rt.group, name)
+            would_be = self.served(rt, version, self.to_storage(rt, obj), 0)
+            del would_be["metadata"]["resourceVersion"]
+            return would_be
         rev = self.etcd.create(rt.key(namespace, name), value)
         if rev is None:
             raise already_exists(rt.resource, rt.group, name)

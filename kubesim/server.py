@@ -24,6 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 from kubesim import aggregation, encryption, health, leases, openapi, openapi_v2, protobuf, storageversions
 from kubesim.admin_ops import AdminOperations
 from kubesim.discovery import KUBE_VERSION, api_group, api_group_list, api_versions, resource_list
+from kubesim.dryrun import dry_run_requested
 from kubesim.errors import StatusError, bad_request, method_not_allowed, resource_not_found
 from kubesim.faults import FaultRule, Faults, reason_for
 from kubesim.registry import Registry
@@ -407,7 +408,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _handle(self, rt: ResourceType, req: Request, raw: bytes) -> None:
         registry = self.api.registry
-        dry_run = bool(req.query.get("dryRun"))
+        options = self._json_body(raw) if req.verb in ("delete", "deletecollection") and raw else None
+        dry_run = dry_run_requested(req.verb, req.query, options)
         manager = self._manager(req)
         accept = self.headers.get("Accept") or "application/json"
         if req.verb == "get":
@@ -458,7 +460,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send_object(rt, obj, accept, req)
         elif req.verb == "delete":
             assert req.name is not None
-            opts = self._json_body(raw) or {}
+            opts = options or {}
             pre = (opts.get("preconditions") if isinstance(opts, dict) else None) or {}
             deleted = registry.delete(rt, req.version, req.namespace, req.name, preconditions=pre, dry_run=dry_run)
             status = {

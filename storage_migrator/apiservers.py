@@ -13,7 +13,7 @@ so detection applies one set of rules whatever the source:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from kubernetes.client import ApiClient
 from pydantic import BaseModel, Field
@@ -39,7 +39,17 @@ class Agreement(BaseModel):
     unheard: dict[str, str] = Field(default_factory=dict, description="Server URL -> why it was not heard.")
 
 
-def observe_agreement(api: ApiClient, settings: Settings, discovered: Sequence[DiscoveredResource]) -> Agreement:
+def observe_agreement(
+    api: ApiClient,
+    settings: Settings,
+    discovered: Sequence[DiscoveredResource],
+    *,
+    connect: Callable[[str], ApiClient] | None = None,
+) -> Agreement:
+    """``connect(server)`` gives a client of one API server with ``api``'s credentials
+    (default: from the settings' kubeconfig or in-cluster; tasks pass one that honours
+    a KubernetesClusterConfig block)."""
+    connect = connect or (lambda server: api_client_from_settings(settings, server=server))
     timeout = settings.request_timeout_seconds
     observed = list_storage_versions(api, timeout=timeout)
     if observed:
@@ -52,7 +62,7 @@ def observe_agreement(api: ApiClient, settings: Settings, discovered: Sequence[D
     per_server: dict[str, list[DiscoveredResource]] = {}
     unheard: dict[str, str] = {}
     for server in servers:
-        one = api_client_from_settings(settings, server=server)
+        one = connect(server)
         try:
             per_server[server] = discover(one, timeout=timeout).resources
         except KubeError as exc:

@@ -11,11 +11,17 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
+from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CrdObservation", "as_mapping", "storage_version_hash"]
+from storage_migrator.kube.listing import iterate_items
+from storage_migrator.kube.resources import ResourceRef
+
+__all__ = ["CRDS", "CrdObservation", "as_mapping", "read_crds", "storage_version_hash"]
+
+CRDS: Final = ResourceRef(group="apiextensions.k8s.io", version="v1", resource="customresourcedefinitions")
 
 
 def storage_version_hash(group: str, version: str, kind: str) -> str:
@@ -88,3 +94,8 @@ class CrdObservation(BaseModel):
     def storage_version_hash(self) -> str:
         """The hash discovery shows while ``storage_version`` is the storage version."""
         return storage_version_hash(self.group, self.storage_version, self.kind)
+
+
+def read_crds(api: ApiClient) -> list[CrdObservation]:
+    """Every CRD of the cluster that has what a trim needs (the others cannot be refined)."""
+    return [c for c in (CrdObservation.from_object(o) for o in iterate_items(api, CRDS, limit=500)) if c]

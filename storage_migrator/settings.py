@@ -49,6 +49,16 @@ class Settings(BaseSettings):
             "kubeconfig path is given."
         ),
     )
+    cluster_config_block: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Name of a Prefect KubernetesClusterConfig block (prefect-kubernetes) whose "
+            "kubeconfig and context the flows use instead of kubeconfig or in_cluster. "
+            "Default: none. The block holds its credentials in clear in the Prefect "
+            "database: prefer the pod's service account (DESIGN 4.1, PREFECT.md)."
+        ),
+    )
     request_timeout_seconds: float = Field(
         default=60.0,
         gt=0,
@@ -327,6 +337,11 @@ class Settings(BaseSettings):
             )
         if self.in_cluster and self.kubeconfig is not None:
             raise ValueError("set either in_cluster=true or kubeconfig, not both")
+        if self.cluster_config_block and (self.in_cluster or self.kubeconfig is not None):
+            raise ValueError(
+                f"cluster_config_block ({self.cluster_config_block!r}) names the credentials: "
+                "unset STORAGE_MIGRATOR_KUBECONFIG and STORAGE_MIGRATOR_IN_CLUSTER, or unset the block"
+            )
         if self.stale_after_seconds is not None and self.stale_after_seconds < self.poll_seconds:
             raise ValueError(
                 f"stale_after_seconds ({self.stale_after_seconds}) must be >= poll_seconds "

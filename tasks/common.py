@@ -16,7 +16,11 @@ from kubernetes.client import ApiClient
 from prefect.cache_policies import NO_CACHE
 from prefect.tasks import exponential_backoff
 
-from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.kube.connection import (
+    ConnectionConfigError,
+    api_client_from_config_dict,
+    api_client_from_settings,
+)
 from storage_migrator.kube.errors import KubeError, is_retriable, is_settling_answer
 from storage_migrator.settings import Settings
 
@@ -51,9 +55,39 @@ REQUEST_RETRIES: dict[str, Any] = {
 }
 
 
+def api_client(settings: Settings, *, server: str | None = None) -> ApiClient:
+    """A client with the credentials the settings name: a KubernetesClusterConfig block, else kubeconfig or in-cluster.
+
+    DESIGN 4.1: a Prefect block is one source of credentials. Loading it is Prefect
+    (so here, not in storage_migrator/); its kubeconfig dict goes to the official
+    client's loader and is never logged or returned. ``server`` pins one API server
+    (HA polls, DESIGN 4.4) with the same credentials.
+    """
+    name = settings.cluster_config_block
+    if not name:
+        return api_client_from_settings(settings, server=server)
+    # Imported here: prefect-kubernetes pulls in kubernetes_asyncio, which most runs never need.
+    from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+    try:
+        block = KubernetesClusterConfig.load(name)
+    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+        raise ConnectionConfigError(
+            f"no KubernetesClusterConfig block named {name!r} in this Prefect workspace: create it "
+            f"(KubernetesClusterConfig.from_file(PATH).save({name!r})) or unset STORAGE_MIGRATOR_CLUSTER_CONFIG_BLOCK"
+        ) from exc
+    return api_client_from_config_dict(
+        block.config,
+        context=block.context_name,
+        settings=settings,
+        server=server,
+        source=f"KubernetesClusterConfig block {name!r}",
+    )
+
+
 @contextmanager
 def connected(settings: Settings) -> Iterator[ApiClient]:
-    api = api_client_from_settings(settings)
+    api = api_client(settings)
     try:
         yield api
     finally:

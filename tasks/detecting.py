@@ -1,4 +1,4 @@
-"""Tasks of a detection poll: observe the cluster, then apply the planned actions.
+"""Tasks of a detection poll: observe the cluster (storage_migrator/observation.py), then apply the planned actions.
 
 The plan itself is `storage_migrator.detection.plan_detection`, a pure
 function. Applying is best effort per action: a write that lost a race (409)
@@ -15,12 +15,10 @@ from prefect import get_run_logger, task
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
-from storage_migrator.agreement import AgreementSource
-from storage_migrator.apiservers import observe_agreement
+from storage_migrator.crds import CRDS
 from storage_migrator.detection import (
     SETTLE_ANNOTATION,
     SINCE_ANNOTATION,
-    CrdObservation,
     CreateMigration,
     CreateState,
     DeleteMigration,
@@ -28,41 +26,26 @@ from storage_migrator.detection import (
     TrimStoredVersions,
     UpdateState,
 )
-from storage_migrator.kube.discovery import DiscoveredResource, discover
 from storage_migrator.kube.errors import KubeError, NotFound
-from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.writing import delete_object, patch_object
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import StateChange
-from storage_migrator.migrations import MIGRATIONS, create_migration, list_migrations
+from storage_migrator.migrations import MIGRATIONS, create_migration
 from storage_migrator.models import (
     MIGRATIONS_KIND_NAME,
     STATES_KIND_NAME,
     StorageState,
-    StorageVersionMigration,
     new_storage_version_migration,
 )
-from storage_migrator.reporters import ReporterHash
+from storage_migrator.observation import Observations, observe_cluster
 from storage_migrator.settings import Settings
-from storage_migrator.states import create_state, list_states, write_state
-from tasks.common import PRIVATE, connected
-from tasks.dispatching import CRDS
+from storage_migrator.states import create_state, write_state
+from tasks.common import PRIVATE, api_client, connected
+
+__all__ = ["Applied", "Observations", "apply_plan", "observe"]
 
 OUR_ANNOTATIONS = (SINCE_ANNOTATION, SETTLE_ANNOTATION)
 DETECTION_LABELS = {"migration.k8s.io/requested-by": "detection"}
-
-
-class Observations(BaseModel):
-    """What one poll saw: discovery, StorageStates, migrations and CRDs (no object data)."""
-
-    discovered: list[DiscoveredResource]
-    failed_group_versions: list[str] = Field(default_factory=list)
-    states: list[StorageState]
-    migrations: list[StorageVersionMigration]
-    crds: list[CrdObservation]
-    reporters: list[ReporterHash] = Field(default_factory=list, description="What each API server encodes in.")
-    agreement_source: AgreementSource = "discovery"
-    api_servers: list[str] = Field(default_factory=list, description="The reporters heard (IDs or URLs).")
 
 
 class Applied(BaseModel):
@@ -77,23 +60,12 @@ class Applied(BaseModel):
 @task(name="observe", **PRIVATE)
 def observe(settings: Settings) -> Observations:
     with connected(settings) as api:
-        found = discover(api, timeout=settings.request_timeout_seconds)
-        crds = [c for c in (CrdObservation.from_object(o) for o in iterate_items(api, CRDS, limit=500)) if c]
-        agreement = observe_agreement(api, settings, found.resources)
-        for server, why in agreement.unheard.items():
-            # Not heard: its entry ages, which blocks new migrations until it reports
-            # again or is collected after 3 periods (seed 000).
-            get_run_logger().warning("API server %s not heard in this poll: %s", server, why)
-        return Observations(
-            discovered=found.resources,
-            failed_group_versions=[f.group_version for f in found.failed],
-            states=list_states(api),
-            migrations=list_migrations(api),
-            crds=crds,
-            reporters=agreement.reporters,
-            agreement_source=agreement.source,
-            api_servers=agreement.servers,
-        )
+        seen = observe_cluster(api, settings, connect=lambda server: api_client(settings, server=server))
+    for server, why in seen.unheard.items():
+        # Not heard: its entry ages, which blocks new migrations until it reports
+        # again or is collected after 3 periods (seed 000).
+        get_run_logger().warning("API server %s not heard in this poll: %s", server, why)
+    return seen
 
 
 def _state_change(action: CreateState | UpdateState, old: StorageState | None) -> StateChange | None:

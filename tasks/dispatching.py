@@ -12,7 +12,7 @@ import contextlib
 
 from prefect import task
 
-from storage_migrator.crds import CrdObservation
+from storage_migrator.crds import read_crds
 from storage_migrator.initializer import ApiServiceInfo, InitialRequest, InitPlan, plan_initialization
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import AlreadyExists
@@ -24,7 +24,6 @@ from storage_migrator.settings import Settings
 from storage_migrator.targets import MigrationTarget, resolve_target
 from tasks.common import PRIVATE, connected
 
-CRDS = ResourceRef(group="apiextensions.k8s.io", version="v1", resource="customresourcedefinitions")
 APISERVICES = ResourceRef(group="apiregistration.k8s.io", version="v1", resource="apiservices")
 
 
@@ -39,7 +38,7 @@ def plan_initial_requests(settings: Settings, *, include: list[str], exclude: li
     """Discovery, CRDs, APIServices and requests, then the plan (which names what discovery missed)."""
     with connected(settings) as api:
         found = discover(api, timeout=settings.request_timeout_seconds)
-        crds = [c for c in (CrdObservation.from_object(o) for o in iterate_items(api, CRDS, limit=500)) if c]
+        crds = read_crds(api)
         apiservices = [ApiServiceInfo.from_object(o) for o in iterate_items(api, APISERVICES, limit=500)]
         existing = list_migrations(api)
     return plan_initialization(found.resources, crds=crds, apiservices=apiservices, existing=existing,

@@ -2,7 +2,7 @@
 
 Design decision: typer + rich, Prefect's own CLI stack. One module per command
 (``storage_migrator/cli/<command>.py``, a function named ``command`` whose
-docstring is its help); adding a command is that module plus one line below.
+docstring is its help); adding a command is that module, imported and registered below.
 A command ends with ``typer.Exit(code)`` when it fails; ``main`` returns the
 exit code, maps what the access layer raises to exit 1 with the error on
 stderr, and leaves usage errors to typer (exit 2, as argparse did).

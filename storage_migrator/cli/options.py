@@ -7,15 +7,12 @@ through the same access layer (storage_migrator/kube/).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from kubernetes.client import ApiClient
 from pydantic import BaseModel
 
-from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.kube.connection import connected
 from storage_migrator.settings import Settings
 
 __all__ = ["GlobalOptions", "kube_api", "settings_of"]
@@ -34,11 +31,5 @@ def settings_of(ctx: typer.Context) -> Settings:
     return Settings(**options.model_dump(exclude_none=True))
 
 
-@contextmanager
-def kube_api(settings: Settings) -> Iterator[ApiClient]:
-    """An API client closed after the command."""
-    api = api_client_from_settings(settings)
-    try:
-        yield api
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
+#: An API client for the command, closed afterwards (the access layer's, as the tasks use).
+kube_api = connected

@@ -65,4 +65,7 @@ def command(ctx: typer.Context, output: Output = OutputFormat.table) -> None:
                   "install the CRDs with `kubectl apply -f deployments/crds/`", file=sys.stderr)  # fmt: skip
             raise typer.Exit(1) from exc
     rows = overview(states, migrations, now=datetime.now(UTC))
+    if not rows and output is OutputFormat.table:
+        print("No resources found: no StorageStates and no migrations yet", file=sys.stderr)  # as kubectl get
+        return
     emit(output, [r.model_dump(mode="json") for r in rows], lambda: _table(rows))

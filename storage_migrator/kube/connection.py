@@ -12,7 +12,8 @@ concurrency so that concurrent writes do not queue for a connection.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from kubernetes import config as kube_config
@@ -24,6 +25,7 @@ __all__ = [
     "ConnectionConfigError",
     "api_client_from_config_dict",
     "api_client_from_settings",
+    "connected",
     "running_in_cluster",
 ]
 
@@ -85,6 +87,16 @@ def api_client_from_settings(settings: Settings, *, server: str | None = None) -
     return ApiClient(configuration=configuration)
 
 
+@contextmanager
+def connected(settings: Settings) -> Iterator[ApiClient]:
+    """An API client for one unit of work (a task, a CLI command), closed afterwards."""
+    api = api_client_from_settings(settings)
+    try:
+        yield api
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
 class _OneServer(Configuration):  # type: ignore[misc]
     """A configuration whose host stays the one API server chosen (DESIGN 4.4).
 
@@ -114,15 +126,26 @@ def api_client_from_config_dict(
     *,
     context: str | None = None,
     settings: Settings | None = None,
+    server: str | None = None,
+    source: str = "a kubeconfig dict",
 ) -> ApiClient:
     """Connect from a kubeconfig held as a dict (a Prefect KubernetesClusterConfig block).
 
-    Same loader as ``new_client_from_config_dict``; the dict is never logged.
+    Same loader as ``new_client_from_config_dict``; the dict is never logged, and
+    the error names ``source`` (the block), never its content. ``server`` as in
+    :func:`api_client_from_settings`.
     """
-    configuration = _fresh_configuration(settings or Settings())
-    kube_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
-        config_dict=dict(config_dict),
-        context=context,
-        client_configuration=configuration,
-    )
+    configuration = _fresh_configuration(settings or Settings(), server=server)
+    try:
+        kube_config.load_kube_config_from_dict(  # type: ignore[no-untyped-call]
+            config_dict=dict(config_dict),
+            context=context,
+            client_configuration=configuration,
+        )
+    except kube_config.ConfigException as exc:
+        where = source + (f" (context {context!r})" if context else "")
+        raise ConnectionConfigError(
+            f"cannot load cluster credentials from {where}: {str(exc).rstrip('.')}. Save a valid kubeconfig "
+            "in it (KubernetesClusterConfig.from_file(...).save(NAME, overwrite=True)) with an existing context."
+        ) from exc
     return ApiClient(configuration=configuration)

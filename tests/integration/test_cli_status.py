@@ -113,3 +113,12 @@ def test_status_lists_each_resource_with_its_last_migration(
     assert table["configmaps"] == ["configmaps", "hC1", "hC1", "configmaps-a", "Succeeded", "1000", "20/s", "-"]
     assert table["secrets"][:6] == ["secrets", "hS2", "hS1,hS2", "secrets-2", "Running", "300/1000"]
     assert table["widgets.example.com"] == ["widgets.example.com", "hW", "Unknown", "-", "-", "-", "-", "-"]
+
+
+def test_status_of_a_first_install(kubesim: Any, clean_slate: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """Nothing yet: an empty list for scripts; kubectl's "No resources found" on stderr for people."""
+    assert main(["--kubeconfig", kubesim.kubeconfig, "status", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    assert main(["--kubeconfig", kubesim.kubeconfig, "status"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and "No resources found" in err

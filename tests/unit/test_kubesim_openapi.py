@@ -166,3 +166,23 @@ def test_accept_negotiation() -> None:
     assert not openapi_v2.wants_protobuf("application/json")
     assert not openapi_v2.wants_protobuf("")
     assert not openapi_v2.wants_protobuf(f"application/json, {openapi_v2.PROTOBUF}")
+
+
+def test_rbac_kinds_are_typed_as_k8s_io_api_declares_them() -> None:
+    """kubectl validates `kind: List` files client-side against these (k8s.io/api rbac/v1 types.go):
+    a ClusterRole's `rules`, a binding's `roleRef` (required) and `subjects`."""
+    doc = openapi_v2.build(builtin_resources())
+    defs = doc["definitions"]
+    role = defs["io.k8s.api.rbac.v1.ClusterRole"]
+    assert sorted(role["properties"]) == ["aggregationRule", "apiVersion", "kind", "metadata", "rules"]
+    assert role["properties"]["rules"]["items"] == {"$ref": "#/definitions/io.k8s.api.rbac.v1.PolicyRule"}
+    assert sorted(defs["io.k8s.api.rbac.v1.Role"]["properties"]) == ["apiVersion", "kind", "metadata", "rules"]
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        binding = defs[f"io.k8s.api.rbac.v1.{kind}"]
+        assert sorted(binding["properties"]) == ["apiVersion", "kind", "metadata", "roleRef", "subjects"]
+        assert binding["required"] == ["roleRef"]
+    rule = defs["io.k8s.api.rbac.v1.PolicyRule"]
+    assert rule["required"] == ["verbs"]
+    assert sorted(rule["properties"]) == ["apiGroups", "nonResourceURLs", "resourceNames", "resources", "verbs"]
+    assert defs["io.k8s.api.rbac.v1.RoleRef"]["required"] == ["apiGroup", "kind", "name"]
+    assert defs["io.k8s.api.rbac.v1.Subject"]["required"] == ["kind", "name"]

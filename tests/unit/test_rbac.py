@@ -5,7 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+
+from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.rbac import FIXED_RULES, PolicyRule, RoleManifest, UnknownResource, build_role
 
 RBAC = Path(__file__).resolve().parents[2] / "deployments" / "rbac" / "storage-migrator.yaml"
 
@@ -66,3 +70,94 @@ def test_agreement_sources_are_readable() -> None:
     assert allowed("internal.apiserver.k8s.io", "storageversions", "get")
     assert allowed("internal.apiserver.k8s.io", "storageversions", "list")
     assert allowed("discovery.k8s.io", "endpointslices", "list")
+
+
+# Issue 14 item 3: "`storage-migrator rbac [--resources secrets,configmaps] [--no-put]` prints a
+# ClusterRole for exactly the resources it will migrate (from discovery, or the list given),
+# `update` only where the PUT fallback is allowed".
+
+
+def _served(group: str, resource: str, kind: str, verbs: tuple[str, ...] = ("list", "patch", "update"),
+            *, version: str = "v1", hash_: str = "h") -> DiscoveredResource:  # fmt: skip
+    return DiscoveredResource(group=group, version=version, resource=resource, kind=kind, namespaced=True,
+                              verbs=verbs, storage_version_hash=hash_, is_subresource=False, preferred=True)  # fmt: skip
+
+
+DISCOVERED = [
+    _served("", "secrets", "Secret"),
+    _served("", "configmaps", "ConfigMap"),
+    _served("", "pods/status", "Pod").model_copy(update={"is_subresource": True}),
+    _served("", "tokenreviews", "TokenReview", ("create",), hash_=""),
+    _served("apps", "deployments", "Deployment"),
+    _served("example.com", "widgets", "Widget"),
+    _served("example.com", "gadgets", "Gadget", ("get", "list", "update")),  # no patch: the PUT fallback
+]
+
+
+def _rules(built: RoleManifest) -> list[dict[str, Any]]:
+    role, binding = built.manifest["items"]
+    assert (role["kind"], binding["kind"]) == ("ClusterRole", "ClusterRoleBinding")
+    fixed = [r.to_wire() for r in FIXED_RULES]
+    assert role["rules"][len(role["rules"]) - len(fixed) :] == fixed
+    return list(role["rules"][: len(role["rules"]) - len(fixed)])
+
+
+def test_the_shipped_files_fixed_rules_are_the_functions() -> None:
+    """One source of truth: the shipped role is the function's fixed rules plus the `*` rule."""
+    shipped = [PolicyRule.model_validate(r) for r in cluster_role()["rules"]]
+    wildcard = [r for r in shipped if r.resources == ("*",)]
+    assert wildcard == [PolicyRule(api_groups=("*",), resources=("*",), verbs=("list", "patch", "update"))]
+    fixed = [r for r in shipped if r not in wildcard]
+    assert len(fixed) == len(FIXED_RULES) and set(fixed) == set(FIXED_RULES)
+
+
+def test_a_key_rotation_role_lists_and_patches_secrets_and_configmaps_only() -> None:
+    built = build_role(DISCOVERED, resources=["secrets", "configmaps"])
+    assert _rules(built) == [{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["list", "patch"]}]
+    assert built.resources == ["configmaps", "secrets"]
+    role, binding = built.manifest["items"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "storage-migrator", "namespace": "storage-migrator"}
+    ]
+
+
+def test_update_only_where_the_resource_serves_no_patch() -> None:
+    """DESIGN 4.5 / targets.py write_mode_for: merge patch where served, else PUT of the object as read."""
+    built = build_role(DISCOVERED, resources=["widgets.example.com", "gadgets.example.com", "deployments.apps"])
+    assert _rules(built) == [
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list", "patch"]},
+        {"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": ["list", "patch"]},
+        {"apiGroups": ["example.com"], "resources": ["gadgets"], "verbs": ["list", "patch", "update"]},
+    ]
+    for rule in _rules(build_role(DISCOVERED)):  # never get, create or delete on what is migrated
+        assert set(rule["verbs"]) <= {"list", "patch", "update"}
+
+
+def test_no_put_refuses_a_named_resource_that_needs_it_and_leaves_it_out_of_discovery() -> None:
+    with pytest.raises(UnknownResource, match=r"gadgets\.example\.com serve\(s\) no patch.*--no-put"):
+        build_role(DISCOVERED, resources=["secrets", "gadgets.example.com"], allow_put=False)
+    built = build_role(DISCOVERED, allow_put=False)
+    assert "gadgets.example.com" not in built.resources and "gadgets.example.com" in built.left_out
+    assert all("update" not in r["verbs"] for r in _rules(built))
+
+
+def test_without_a_list_every_resource_detection_tracks_grouped_by_api_group() -> None:
+    built = build_role(DISCOVERED, exclude=["deployments.apps"], name="narrow", service_account=("ops", "migrator"))
+    assert built.resources == ["configmaps", "gadgets.example.com", "secrets", "widgets.example.com"]
+    assert [r["apiGroups"] for r in _rules(built)] == [[""], ["example.com"], ["example.com"]]
+    role, binding = built.manifest["items"]
+    assert role["metadata"]["name"] == binding["metadata"]["name"] == "narrow"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "migrator", "namespace": "ops"}]
+
+
+def test_unknown_resources_are_refused_all_named() -> None:
+    with pytest.raises(UnknownResource) as caught:
+        build_role(DISCOVERED, resources=["secrets", "sekrets", "pods/status", "tokenreviews"])
+    message = str(caught.value)
+    assert "sekrets, pods/status, tokenreviews" in message
+    assert "'<resource>.<group>' from: " in message and "widgets.example.com" in message

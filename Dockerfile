@@ -1,0 +1,45 @@
+# The image the Prefect worker (deployments/worker/) and the flow-run Jobs run
+# (docs/operator-guide.md, "The image"):
+#   docker build -t REGISTRY/storage-migrator:0.1.0 .
+# Dependencies exactly as uv.lock pins them, without the dev group; the flows in the
+# working directory /opt/prefect, which `prefect deploy --job-variable image=...`
+# records as the runs' working directory; a non-root user; nothing writable but /tmp.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    # Prefect's home (profiles, local storage) on the writable /tmp (an emptyDir in the pods).
+    PREFECT_HOME=/tmp/prefect \
+    DO_NOT_TRACK=1 \
+    PATH=/opt/prefect/.venv/bin:$PATH
+
+RUN pip install --no-cache-dir 'uv>=0.5,<1' \
+    && groupadd --gid 10001 migrator \
+    && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin migrator
+
+WORKDIR /opt/prefect
+
+# Dependencies first (a layer that changes only with the lock file).
+COPY pyproject.toml uv.lock README.md ./
+RUN uv sync --frozen --no-dev --no-install-project --no-cache
+
+# The project: the flows, tasks and domain code prefect.yaml's entrypoints name.
+COPY prefect.yaml ./
+COPY storage_migrator ./storage_migrator
+COPY tasks ./tasks
+COPY flows ./flows
+# Listed in pyproject's wheel packages, so the project install needs them; never imported
+# by the product code (an import-linter contract).
+COPY kubesim ./kubesim
+COPY devstack ./devstack
+RUN uv sync --frozen --no-dev --no-cache \
+    && storage-migrator --help >/dev/null \
+    && python -c "import flows.migrate_resource, prefect_kubernetes"
+
+# Numeric, so that runAsNonRoot can verify it.
+USER 10001:10001
+
+CMD ["prefect", "worker", "start", "--pool", "storage-migrator-kubernetes", "--type", "kubernetes"]

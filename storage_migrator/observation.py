@@ -1,0 +1,70 @@
+"""What one detection poll reads of the cluster, read in one place.
+
+Design decision (DESIGN 4.3, issue 12): the observation half of a poll is a
+plain function over an API client, so the detection task wraps it
+(tasks/detecting.py) and ``storage-migrator plan`` calls it without Prefect:
+both see exactly the same thing. Only reads; the result holds our own objects,
+discovery and CRD names, never the data of a migrated object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kubernetes.client import ApiClient
+from pydantic import BaseModel, Field
+
+from storage_migrator.agreement import AgreementSource
+from storage_migrator.apiservers import observe_agreement
+from storage_migrator.crds import CrdObservation, read_crds
+from storage_migrator.kube.discovery import DiscoveredResource, discover
+from storage_migrator.migrations import list_migrations
+from storage_migrator.models import StorageState, StorageVersionMigration
+from storage_migrator.reporters import ReporterHash
+from storage_migrator.settings import Settings
+from storage_migrator.states import list_states
+
+__all__ = ["Observations", "observe_cluster"]
+
+
+class Observations(BaseModel):
+    """What one poll saw: discovery, StorageStates, migrations and CRDs (no object data)."""
+
+    discovered: list[DiscoveredResource]
+    failed_group_versions: list[str] = Field(default_factory=list)
+    states: list[StorageState]
+    migrations: list[StorageVersionMigration]
+    crds: list[CrdObservation]
+    reporters: list[ReporterHash] = Field(default_factory=list, description="What each API server encodes in.")
+    agreement_source: AgreementSource = "discovery"
+    api_servers: list[str] = Field(default_factory=list, description="The reporters heard (IDs or URLs).")
+    unheard: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "API server -> why it was not heard. Its entry ages, which blocks new migrations "
+            "until it reports again or is collected after 3 periods (seed 000)."
+        ),
+    )
+
+
+def observe_cluster(
+    api: ApiClient, settings: Settings, *, connect: Callable[[str], ApiClient] | None = None
+) -> Observations:
+    """Discovery, CRDs, what each API server encodes, StorageStates and migrations.
+
+    ``connect(server)`` gives a client of one API server with ``api``'s credentials
+    (see ``observe_agreement``; tasks pass one that honours a Prefect block)."""
+    found = discover(api, timeout=settings.request_timeout_seconds)
+    crds = read_crds(api)
+    agreement = observe_agreement(api, settings, found.resources, connect=connect)
+    return Observations(
+        discovered=found.resources,
+        failed_group_versions=[f.group_version for f in found.failed],
+        states=list_states(api),
+        migrations=list_migrations(api),
+        crds=crds,
+        reporters=agreement.reporters,
+        agreement_source=agreement.source,
+        api_servers=agreement.servers,
+        unheard=agreement.unheard,
+    )

@@ -1,0 +1,176 @@
+"""The ClusterRole a migrator needs for exactly the resources it migrates.
+
+Design decision (issue 14 item 3): the shipped role (deployments/rbac/) grants
+``list``, ``patch`` and ``update`` on every resource of every group, which is
+what a migrator of everything needs; a key rotation needs Secrets (and maybe
+ConfigMaps) only. This pure function builds the narrower role from discovery:
+
+- per migrated resource, ``list`` (the chunked, metadata-only LIST) and
+  ``patch`` (the no-op merge patch, DESIGN 4.5); ``update`` only where the
+  migrator writes with the PUT fallback, i.e. where the resource serves no
+  ``patch`` (storage_migrator/targets.py ``write_mode_for``), and never with
+  ``allow_put=False``. Never ``get``, ``create`` or ``delete``: a worker cannot
+  read a Secret except through the LIST it must make;
+- one rule per API group and verb set, resources sorted;
+- then ``FIXED_RULES``, what the migrator needs whatever it migrates: its own
+  API, CRDs, APIServices, StorageVersions, EndpointSlices and discovery. They
+  are the shipped file's rules but for the ``*`` one; a unit test
+  (tests/unit/test_rbac.py) keeps the two equal, reading the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+from storage_migrator.chunks import WriteMode
+from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.models import GROUP, STORAGE_STATES, STORAGE_VERSION_MIGRATIONS, storage_state_name
+from storage_migrator.targets import UnknownResource, resolve_target, write_mode_for
+from storage_migrator.tracking import select_resources, track_storage
+
+__all__ = [
+    "DEFAULT_NAME",
+    "DEFAULT_SERVICE_ACCOUNT",
+    "FIXED_RULES",
+    "PolicyRule",
+    "RoleManifest",
+    "UnknownResource",
+    "build_role",
+]
+
+DEFAULT_NAME: Final = "storage-migrator"
+#: (namespace, name) of the workers' ServiceAccount in deployments/rbac/storage-migrator.yaml.
+DEFAULT_SERVICE_ACCOUNT: Final = ("storage-migrator", "storage-migrator")
+RBAC_API_VERSION: Final = "rbac.authorization.k8s.io/v1"
+
+
+class PolicyRule(BaseModel):
+    """One ``rules[]`` entry of a ClusterRole (camelCase on the wire, as RBAC's)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    api_groups: tuple[str, ...] | None = Field(
+        default=None, validation_alias=AliasChoices("apiGroups", "api_groups"), serialization_alias="apiGroups"
+    )
+    resources: tuple[str, ...] | None = None
+    non_resource_urls: tuple[str, ...] | None = Field(
+        default=None,
+        validation_alias=AliasChoices("nonResourceURLs", "non_resource_urls"),
+        serialization_alias="nonResourceURLs",
+    )
+    verbs: tuple[str, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> PolicyRule:
+    return PolicyRule(api_groups=tuple(groups), resources=tuple(resources), verbs=tuple(verbs))
+
+
+#: What every worker needs whatever it migrates (deployments/rbac/storage-migrator.yaml says why each).
+FIXED_RULES: Final[tuple[PolicyRule, ...]] = (
+    _rule([GROUP], [STORAGE_VERSION_MIGRATIONS, STORAGE_STATES],
+          ["get", "list", "watch", "create", "update", "patch", "delete"]),
+    _rule([GROUP], [f"{STORAGE_VERSION_MIGRATIONS}/status", f"{STORAGE_STATES}/status"], ["get", "update", "patch"]),
+    _rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "list"]),
+    _rule(["apiextensions.k8s.io"], ["customresourcedefinitions/status"], ["patch"]),
+    _rule(["apiregistration.k8s.io"], ["apiservices"], ["get", "list"]),
+    _rule(["internal.apiserver.k8s.io"], ["storageversions"], ["get", "list"]),
+    _rule(["discovery.k8s.io"], ["endpointslices"], ["list"]),
+    PolicyRule(non_resource_urls=("/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz"), verbs=("get",)),
+)  # fmt: skip
+
+
+class RoleManifest(BaseModel):
+    """The role, its binding, and what it covers."""
+
+    manifest: dict[str, Any] = Field(description="A v1 List of the ClusterRole and the ClusterRoleBinding.")
+    resources: list[str] = Field(description="The resources it lets the migrator rewrite, as <resource>.<group>.")
+    left_out: dict[str, str] = Field(
+        default_factory=dict, description="Resources discovery serves that the role does not cover, and why."
+    )
+
+
+def _verbs(mode: WriteMode) -> tuple[str, ...]:
+    return ("list", "patch", "update") if mode == "put" else ("list", "patch")
+
+
+def _named(discovered: Sequence[DiscoveredResource], names: Sequence[str]) -> list[tuple[str, str, WriteMode]]:
+    """Each name resolved as a migration request is (targets.py); every unknown one refused at once."""
+    found: list[tuple[str, str, WriteMode]] = []
+    unknown: list[str] = []
+    messages: list[str] = []
+    for name in names:
+        try:
+            target = resolve_target(discovered, resource=name)
+        except UnknownResource as exc:
+            unknown.append(name)
+            messages.append(str(exc).split(". Served:", 1)[0])
+            continue
+        found.append((target.ref.group, target.ref.resource, target.write_mode))
+    if unknown:
+        served = sorted({r.group_resource for r in track_storage(discovered).kept})
+        raise UnknownResource(
+            f"cannot grant migrating {', '.join(unknown)}: {'; '.join(messages)}. Name resources as "
+            f"'<resource>' (core) or '<resource>.<group>' from: {', '.join(served)}"
+        )
+    return found
+
+
+def _discovered(
+    discovered: Sequence[DiscoveredResource], include: Sequence[str], exclude: Sequence[str]
+) -> list[tuple[str, str, WriteMode]]:
+    """What detection tracks (tracking.py, then the include/exclude settings)."""
+    kept = select_resources(track_storage(discovered).kept, include=include, exclude=exclude)
+    return [(r.group, r.resource, write_mode_for(r)) for r in kept]
+
+
+def _migrated_rules(targets: Sequence[tuple[str, str, WriteMode]]) -> list[PolicyRule]:
+    """One rule per (API group, verbs), sorted by group then verbs."""
+    grouped: dict[tuple[str, tuple[str, ...]], set[str]] = {}
+    for group, resource, mode in targets:
+        grouped.setdefault((group, _verbs(mode)), set()).add(resource)
+    return [_rule([group], sorted(resources), list(verbs)) for (group, verbs), resources in sorted(grouped.items())]
+
+
+def build_role(
+    discovered: Sequence[DiscoveredResource],
+    *,
+    resources: Sequence[str] | None = None,
+    allow_put: bool = True,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+    name: str = DEFAULT_NAME,
+    service_account: tuple[str, str] = DEFAULT_SERVICE_ACCOUNT,
+) -> RoleManifest:
+    """The ClusterRole for ``resources`` (or every resource detection tracks), bound to the workers.
+
+    ``UnknownResource`` names every resource that cannot be granted: not served,
+    not persisted, or written only by PUT while ``allow_put`` is False.
+    """
+    targets = _named(discovered, resources) if resources else _discovered(discovered, include, exclude)
+    left_out: dict[str, str] = {}
+    if not allow_put:
+        needs_put = [storage_state_name(g, r) for g, r, mode in targets if mode == "put"]
+        if resources and needs_put:
+            raise UnknownResource(
+                f"{', '.join(needs_put)} serve(s) no patch: the migrator rewrites them with update (PUT), "
+                "which --no-put leaves out. Drop --no-put, or leave them out of --resources"
+            )
+        left_out = {n: "serves no patch: needs update (PUT), left out by --no-put" for n in needs_put}
+        targets = [t for t in targets if t[2] != "put"]
+    namespace, account = service_account
+    role = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRole", "metadata": {"name": name},
+            "rules": [r.to_wire() for r in (*_migrated_rules(targets), *FIXED_RULES)]}  # fmt: skip
+    binding = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRoleBinding", "metadata": {"name": name},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}  # fmt: skip
+    return RoleManifest(
+        manifest={"apiVersion": "v1", "kind": "List", "items": [role, binding]},
+        resources=sorted({storage_state_name(g, r) for g, r, _ in targets}),
+        left_out=left_out,
+    )

@@ -1,0 +1,80 @@
+"""What the install runs as (issue 14): non-root pods, and each identity holding only its own role.
+
+The worker (deployments/worker/) holds a namespaced Role to start Jobs; the Jobs
+(the kubernetes pool's job template, deployments/work-pool/kubernetes.json) run as
+the storage-migrator ServiceAccount, the one bound to the migrator's ClusterRole.
+Rendered with kubectl kustomize, no cluster needed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from conftest import machine_kubectl, pinned_kubectl
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "storage-migrator"
+
+
+@pytest.fixture(scope="module")
+def install() -> dict[tuple[str, str], dict[str, Any]]:
+    binary = pinned_kubectl() or machine_kubectl()
+    if binary is None:
+        pytest.fail("no kubectl: run the README's test command (uv sync installs the pinned one)")
+    out = subprocess.run([binary, "kustomize", str(ROOT / "deployments")], capture_output=True, text=True, check=True)
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout) if d}
+
+
+def bound_subjects(binding: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(s["namespace"], s["name"]) for s in binding["subjects"] if s["kind"] == "ServiceAccount"}
+
+
+def test_the_worker_runs_as_non_root_with_its_own_namespaced_role(install: dict[tuple[str, str], Any]) -> None:
+    deployment = install[("Deployment", "prefect-worker")]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["command"] + container["args"] == [
+        "prefect", "worker", "start", "--pool", "$(PREFECT_WORK_POOL)", "--type", "kubernetes", "--with-healthcheck",
+    ]  # fmt: skip
+    assert container["image"].startswith("storage-migrator:")
+    assert not pod.get("volumes") or all("secret" not in v and "hostPath" not in v for v in pod["volumes"])
+
+    account = pod["serviceAccountName"]
+    assert (deployment["metadata"]["namespace"], account) == (NAMESPACE, "prefect-worker")
+    binding = install[("RoleBinding", "prefect-worker")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prefect-worker"}
+    assert bound_subjects(binding) == {(NAMESPACE, account)}
+    # The worker is bound to nothing cluster-wide: the migrator's role is the Jobs' alone.
+    cluster_bindings = [d for (kind, _), d in install.items() if kind == "ClusterRoleBinding"]
+    assert all((NAMESPACE, account) not in bound_subjects(b) for b in cluster_bindings)
+    rules = install[("Role", "prefect-worker")]["rules"]
+    assert {r for rule in rules for r in rule["resources"]} == {"jobs", "pods", "pods/log", "events"}
+
+
+def test_the_flow_run_jobs_run_as_non_root_with_the_migrators_service_account(
+    install: dict[tuple[str, str], Any],
+) -> None:
+    template = json.loads((ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text())
+    variables = template["variables"]["properties"]
+    assert variables["namespace"]["default"] == NAMESPACE
+    account = variables["service_account_name"]["default"]
+    binding = install[("ClusterRoleBinding", "storage-migrator")]
+    assert binding["roleRef"]["name"] == "storage-migrator" and binding["roleRef"]["kind"] == "ClusterRole"
+    assert bound_subjects(binding) == {(NAMESPACE, account)}
+    assert ("ServiceAccount", account) in install
+
+    pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "{{ service_account_name }}"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The image's user is the same numeric one, so runAsNonRoot can check it.
+    assert f"USER {pod['securityContext']['runAsUser']}:" in (ROOT / "Dockerfile").read_text()

@@ -14,6 +14,7 @@ from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, Field
 
+from flows.events import emit_poll_changes
 from storage_migrator.agreement import AgreementSource
 from storage_migrator.detection import DeleteMigration, DetectionSettings, plan_detection
 from storage_migrator.dispatch import plan_dispatch
@@ -73,6 +74,7 @@ def poll(settings: Settings) -> PollSummary:
                if a.name not in planned]  # fmt: skip
     plan = plan.model_copy(update={"actions": [*plan.actions, *expired]})
     applied = apply_plan(settings, plan, seen.states)
+    emit_poll_changes(applied.changes)
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:
         create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")

@@ -38,6 +38,7 @@ from storage_migrator.models import (
     StorageVersionMigration,
     new_storage_version_migration,
 )
+from storage_migrator.poll_changes import PollChanges
 from storage_migrator.reporters import ReporterHash
 from storage_migrator.settings import Settings
 from storage_migrator.states import create_state, list_states, write_state
@@ -67,6 +68,7 @@ class Applied(BaseModel):
     done: list[str] = Field(default_factory=list)
     created_migrations: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
+    changes: PollChanges = Field(default_factory=PollChanges, description="What was applied, for events.")
 
 
 @task(name="observe", **PRIVATE)
@@ -116,6 +118,7 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                                 heartbeat=action.heartbeat, annotations=_ours(action.annotations),
                                 old_annotations=_ours(old.metadata.annotations if old else None),
                                 current_hashes=action.current_hashes)  # fmt: skip
+                    applied.changes.add_update(action, old)
                     done = f"updated {STATES_KIND_NAME}/{action.name}: {action.reason}"
                 elif isinstance(action, DeleteMigration):
                     with contextlib.suppress(NotFound):  # already gone: what we wanted
@@ -126,6 +129,7 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                                                             resource=action.resource, labels=DETECTION_LABELS)  # fmt: skip
                     created = create_migration(api, request)
                     applied.created_migrations.append(created.metadata.name or "")
+                    applied.changes.add_request(action, created.metadata.name or "")
                     done = f"requested {MIGRATIONS_KIND_NAME}/{created.metadata.name}: {action.reason}"
                 elif isinstance(action, TrimStoredVersions):
                     patch_object(api, CRDS, name=action.crd_name, subresource="status",

@@ -1,0 +1,78 @@
+"""What we record about an object that could not be rewritten: never its content.
+
+Design decision (DESIGN 8, issue 12 item 6). An API server's refusal message is
+free text that can quote the object: a 422 says `data.password: Invalid value:
+"<the value>"`, and an admission webhook's denial says whatever the webhook
+wrote. Anything recorded about a failed object reaches places that outlive the
+migration and are readable by more people than the object is (the request's
+status and Failed condition, Prefect state messages, logs and events). So a
+failure is recorded as the object's namespace/name, the HTTP code, the Status
+`reason` and, for a 422, the field paths and reasons of `details.causes`
+(metav1.StatusCause: `field`, `reason`), which name where the object is wrong
+without what it holds. The free-text `message` is dropped everywhere. What to
+do next comes from the code and reason (:func:`fix_hint`), not from the text.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from storage_migrator.kube.errors import KubeError
+from storage_migrator.models import ObjectFailure
+
+__all__ = ["MAX_FIELDS", "SCRUBBED_PREFIX", "fix_hint", "object_failure", "scrubbed_detail"]
+
+#: Field paths kept per failure: enough to find the problem, short enough for a status.
+MAX_FIELDS: Final = 5
+#: Longest field path kept (a path is our key into the object, never a value).
+MAX_FIELD_CHARS: Final = 120
+#: How a scrubbed detail starts (ObjectFailure.message holds nothing else).
+SCRUBBED_PREFIX: Final = "fields: "
+
+
+def scrubbed_detail(exc: KubeError) -> str:
+    """`fields: data.password (FieldValueInvalid), spec.x (FieldValueRequired)` from
+    `details.causes`, or '' when the answer names no field. Never the message."""
+    status = exc.status_object or {}
+    causes = (status.get("details") or {}).get("causes") or []
+    named = []
+    for cause in causes:
+        field = str(cause.get("field") or "")[:MAX_FIELD_CHARS]
+        if not field:
+            continue
+        reason = str(cause.get("reason") or "")
+        named.append(f"{field} ({reason})" if reason.isidentifier() else field)
+    if not named:
+        return ""
+    more = f", and {len(named) - MAX_FIELDS} more" if len(named) > MAX_FIELDS else ""
+    return SCRUBBED_PREFIX + ", ".join(named[:MAX_FIELDS]) + more
+
+
+def object_failure(*, namespace: str | None, name: str, exc: KubeError) -> ObjectFailure:
+    """The record of one failed object: name, code, reason and field paths only."""
+    reason = exc.reason if exc.reason.isidentifier() else ""
+    return ObjectFailure(namespace=namespace, name=name, code=exc.code, reason=reason, message=scrubbed_detail(exc))
+
+
+def fix_hint(code: int, reason: str) -> str:
+    """What a person does about a failed object with this answer (DESIGN 8: say what to do)."""
+    if code == 422 or reason == "Invalid":
+        return (
+            "the object no longer passes validation (a CRD schema, a validation rule or an admission "
+            "policy changed since it was written): fix or delete the fields named, then request the "
+            "migration again"
+        )
+    if code == 403 or reason == "Forbidden":
+        return (
+            "the write was refused: check that the migrator's service account may patch and update "
+            "this resource (deployments/rbac/) and which admission webhook or policy denied it, then "
+            "request the migration again"
+        )
+    if code == 400 or reason == "BadRequest":
+        return (
+            "the write was refused, usually by an admission webhook: read its logs for this object, "
+            "fix the object or the webhook, then request the migration again"
+        )
+    if code == 0:
+        return "the API server did not answer: check its health and the network, then request the migration again"
+    return "read the API server's log for these objects, fix the cause, then request the migration again"

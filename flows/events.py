@@ -135,6 +135,13 @@ def delivered_events() -> Iterator[None]:
     if _emitted.get() is not None:
         yield
         return
+    if PREFECT_API_URL.value() == "":
+        # Empty in a Prefect profile: flows/__init__.py only clears the environment's.
+        get_run_logger().warning(
+            "PREFECT_API_URL is set but empty: this run's events cannot be sent (EventsWorker errors); "
+            "unset it (`prefect config unset PREFECT_API_URL`, `unset PREFECT_API_URL`) to use a temporary "
+            "server, or set it to your server's API URL"
+        )
     pending: list[Event] = []
     token = _emitted.set(pending)
     try:

@@ -15,6 +15,8 @@ do next comes from the code and reason (:func:`fix_hint`), not from the text.
 
 from __future__ import annotations
 
+import re
+from http import HTTPStatus
 from typing import Final
 
 from storage_migrator.kube.errors import KubeError
@@ -28,6 +30,10 @@ MAX_FIELDS: Final = 5
 MAX_FIELD_CHARS: Final = 120
 #: How a scrubbed detail starts (ObjectFailure.message holds nothing else).
 SCRUBBED_PREFIX: Final = "fields: "
+#: What a Status or cause reason looks like: CamelCase (metav1.StatusReason, metav1.CauseType).
+_REASON: Final = re.compile(r"[A-Z][A-Za-z0-9]{0,62}")
+#: HTTP reason phrases (KubeError.reason when the answer was no Status).
+_PHRASES: Final = frozenset(status.phrase for status in HTTPStatus)
 
 
 def scrubbed_detail(exc: KubeError) -> str:
@@ -41,7 +47,7 @@ def scrubbed_detail(exc: KubeError) -> str:
         if not field:
             continue
         reason = str(cause.get("reason") or "")
-        named.append(f"{field} ({reason})" if reason.isidentifier() else field)
+        named.append(f"{field} ({reason})" if _REASON.fullmatch(reason) else field)
     if not named:
         return ""
     more = f", and {len(named) - MAX_FIELDS} more" if len(named) > MAX_FIELDS else ""
@@ -50,8 +56,14 @@ def scrubbed_detail(exc: KubeError) -> str:
 
 def object_failure(*, namespace: str | None, name: str, exc: KubeError) -> ObjectFailure:
     """The record of one failed object: name, code, reason and field paths only."""
-    reason = exc.reason if exc.reason.isidentifier() else ""
-    return ObjectFailure(namespace=namespace, name=name, code=exc.code, reason=reason, message=scrubbed_detail(exc))
+    return ObjectFailure(namespace=namespace, name=name, code=exc.code, reason=_reason(exc.reason),
+                         message=scrubbed_detail(exc))  # fmt: skip
+
+
+def _reason(text: str) -> str:
+    """A Status reason (`Invalid`) or an HTTP reason phrase (`Service Unavailable`); anything
+    else, e.g. free text a webhook put there, is dropped."""
+    return text if _REASON.fullmatch(text) or text in _PHRASES else ""
 
 
 def fix_hint(code: int, reason: str) -> str:

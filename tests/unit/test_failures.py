@@ -126,3 +126,17 @@ def test_a_request_is_recorded_by_the_name_the_api_gave_it() -> None:
     assert [(r.migration, r.state, r.target_hash) for r in changes.requested] == [
         ("cronjobs.batch-x1y2z", "cronjobs.batch", "H")
     ]
+
+
+@pytest.mark.parametrize(
+    ("reason", "kept"),
+    [
+        ("Invalid", "Invalid"),
+        ("Service Unavailable", "Service Unavailable"),
+        (f"denied: {SENTINEL}", ""),
+        ("denied because the password is hunter", ""),
+    ],
+)
+def test_only_a_reason_shaped_reason_is_kept(reason: str, kept: str) -> None:
+    """A Status reason is an enum, but a webhook writes its own: free text is dropped."""
+    assert object_failure(namespace="ns", name="cm", exc=_error(None, code=400, reason=reason)).reason == kept

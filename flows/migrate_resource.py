@@ -30,11 +30,11 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
-from prefect.events import emit_event
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed
 from pydantic import BaseModel, Field
 
+from flows.events import delivered_events, emit_migration
 from storage_migrator.agreement import StorageVersionObservation, decide_agreement
 from storage_migrator.chunks import MigrationAborted, add_progress
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
@@ -58,8 +58,6 @@ from tasks.migrating import (
     start_migration,
 )
 from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit
-
-EVENT_PREFIX = "storage-migrator.migration"
 
 
 class MigrationSummary(BaseModel):
@@ -101,16 +99,10 @@ def _label_run(handle: MigrationHandle) -> None:
         get_run_logger().warning("could not rename the flow run: %s", exc)
 
 
-def _emit(outcome: str, handle: MigrationHandle, progress: MigrationProgress, message: str = "") -> None:
-    emit_event(
-        event=f"{EVENT_PREFIX}.{outcome}",
-        resource={
-            "prefect.resource.id": f"storage-migrator.storageversionmigration.{handle.name}",
-            "prefect.resource.name": handle.name,
-            "storage-migrator.resource": handle.group_resource,
-        },
-        payload={"progress": progress.model_dump(), "message": message[:1000]},
-    )
+def _emit(outcome: str, handle: MigrationHandle, progress: MigrationProgress, message: str = "",
+          failures: list[ObjectFailure] | None = None) -> None:  # fmt: skip
+    emit_migration(outcome, migration=handle.name, group_resource=handle.group_resource, progress=progress,
+                   message=message, failures=failures)  # fmt: skip
 
 
 def _percent(progress: MigrationProgress) -> float:
@@ -130,11 +122,11 @@ def _outcome_table(handle: MigrationHandle, progress: MigrationProgress, phase: 
 
 
 def _fail(settings: Settings, handle: MigrationHandle, rec: RunRecorder, progress: MigrationProgress, *,
-          reason: str, message: str, passes: int = 1) -> State[Any]:  # fmt: skip
+          reason: str, message: str, passes: int = 1, failures: list[ObjectFailure] | None = None) -> State[Any]:  # fmt: skip
     finish_migration(settings, handle, succeeded=False, reason=reason, message=message)
     rec.ended("failed", progress, reason=reason, message=message, passes=passes)
     _outcome_table(handle, progress, "Failed")
-    _emit("failed", handle, progress, message)
+    _emit("failed", handle, progress, message, failures or [])
     return Failed(message=f"{handle.name}: {message}")
 
 
@@ -199,6 +191,26 @@ def migrate_resource(
 ) -> MigrationSummary | State[Any]:
     """Migrate one resource: `migration` names an existing request; else `resource`
     (with `group`, `version`) creates one. Other parameters override the settings."""
+    # Issue 12 item 5: with no server of its own, the run ends once its events are stored.
+    with delivered_events():
+        return _migrate(resource=resource, group=group, version=version, migration=migration,
+                        chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
+                        write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
+
+
+def _migrate(
+    *,
+    resource: str | None,
+    group: str,
+    version: str | None,
+    migration: str | None,
+    chunk_size: int | None,
+    write_rate_per_second: float | None,
+    write_concurrency: int | None,
+    kubeconfig: str | None,
+    context: str | None,
+) -> MigrationSummary | State[Any]:
+    """The run itself (see the module docstring)."""
     logger = get_run_logger()
     settings = Settings.with_overrides(
         chunk_size=chunk_size, write_rate_per_second=write_rate_per_second, write_concurrency=write_concurrency,
@@ -276,7 +288,8 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     update_progress_artifact(artifact_id=artifact, progress=100.0)
     if progress.failed:
         message = failure_summary(run.failures, progress.failed)
-        return _fail(settings, handle, rec, progress, reason="ObjectsFailed", message=message, passes=run.passes)
+        return _fail(settings, handle, rec, progress, reason="ObjectsFailed", message=message, passes=run.passes,
+                     failures=run.failures)  # fmt: skip
     message = (f"{progress.listed} objects: {progress.rewritten} rewritten, {progress.unchanged} unchanged, "
                f"{progress.gone} gone, {progress.conflicted} written by others meanwhile")  # fmt: skip
     if run.passes > 1:

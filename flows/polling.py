@@ -16,6 +16,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
+from flows.events import emit_poll_changes
 from storage_migrator.agreement import AgreementSource
 from storage_migrator.detection import DeleteMigration
 from storage_migrator.dispatch import plan_dispatch
@@ -71,6 +72,7 @@ def poll(settings: Settings) -> PollSummary:
         requests_made=len(applied.created_migrations),
         errors=len(applied.errors), flow_run_id=str(flow_run.id) if flow_run.id else None,
     ))  # fmt: skip
+    emit_poll_changes(applied.changes)
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:
         create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")

@@ -29,6 +29,7 @@ from prefect.deployments import run_deployment
 from prefect.runtime import deployment
 from pydantic import BaseModel, Field
 
+from flows.events import delivered_events
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
 from storage_migrator.dispatch import RUNNING_ELSEWHERE, migration_resource, plan_dispatch
@@ -152,9 +153,10 @@ def run_migrations(
     overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                               write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
     settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
-    summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
-    if "Completed" in summary.outcomes.values():
-        summary.polled = _refine(settings)
+    with delivered_events():  # issue 12 item 5: an ephemeral run ends once its events are stored
+        summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
+        if "Completed" in summary.outcomes.values():
+            summary.polled = _refine(settings)
     rows = [{"migration": n, "outcome": o} for n, o in summary.outcomes.items()]
     rows += [{"migration": n, "outcome": f"waiting: {r}"} for n, r in summary.waiting.items()]
     if rows:

@@ -38,6 +38,7 @@ from storage_migrator.models import (
     new_storage_version_migration,
 )
 from storage_migrator.observation import Observations, observe_cluster
+from storage_migrator.poll_changes import PollChanges
 from storage_migrator.settings import Settings
 from storage_migrator.states import create_state, write_state
 from tasks.common import PRIVATE, api_client, connected
@@ -58,6 +59,7 @@ class Applied(BaseModel):
     denied: list[str] = Field(
         default_factory=list, description="Of the errors, the permissions RBAC denied (no later poll heals them)."
     )
+    changes: PollChanges = Field(default_factory=PollChanges, description="What was applied, for events.")
 
 
 @task(name="observe", **PRIVATE)
@@ -112,6 +114,7 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                                 heartbeat=action.heartbeat, annotations=_ours(action.annotations),
                                 old_annotations=_ours(old.metadata.annotations if old else None),
                                 current_hashes=action.current_hashes)  # fmt: skip
+                    applied.changes.add_update(action, old)
                     done = f"updated {STATES_KIND_NAME}/{action.name}: {action.reason}"
                     change = _state_change(action, old)
                 elif isinstance(action, DeleteMigration):
@@ -123,6 +126,7 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                                                             resource=action.resource, labels=DETECTION_LABELS)  # fmt: skip
                     created = create_migration(api, request)
                     applied.created_migrations.append(created.metadata.name or "")
+                    applied.changes.add_request(action, created.metadata.name or "")
                     done = f"requested {MIGRATIONS_KIND_NAME}/{created.metadata.name}: {action.reason}"
                 elif isinstance(action, TrimStoredVersions):
                     patch_object(api, CRDS, name=action.crd_name, subresource="status",

@@ -150,7 +150,7 @@ def prefect_api() -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=180):
         url = PREFECT_API_URL.value()
         assert url, "the Prefect test harness set no API URL"
         yield str(url)

@@ -3,7 +3,7 @@
 Every event is named `storage-migrator.<what>.<happened>`, concerns one of our
 objects (`storage-migrator.storageversionmigration.<name>`,
 `storage-migrator.storagestate.<name>`) and carries names, hashes and counters
-only: never anything read from a migrated object (DESIGN 8). docs/events.md
+only: never anything read from a migrated object (DESIGN 8). docs/observability.md ("Events")
 lists them with their payload keys; Prefect automations match on these names.
 
 Delivery (issue 12, item 5). `emit_event` only queues: a background worker

@@ -1,6 +1,7 @@
 """The local stack a newcomer, the e2e tests and the benchmarks run on one machine:
 a Prefect server on a free port with its own home, the project's deployments
-from `prefect.yaml`, and a process worker pointed at a cluster.
+from `prefect.yaml`, and process workers pointed at a cluster (one, or several
+on the same pool to show scale-out; one can be killed as a machine dies).
 
 Not product code (the product runs against whatever Prefect server and cluster
 the operator has); it drives the same `prefect` commands an operator types.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +27,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process whose chain of parents leads to `pid` (Linux /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _prefect() -> list[str]:
@@ -50,7 +74,7 @@ class PrefectStack:
         self.worker_env = worker_env or {}
         self.server_env = server_env or {}
         self._server: subprocess.Popen[bytes] | None = None
-        self._worker: subprocess.Popen[bytes] | None = None
+        self._workers: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
     def env(self) -> dict[str, str]:
@@ -102,17 +126,50 @@ class PrefectStack:
         extra = ["--prefect-file", str(prefect_file)] if prefect_file else []
         self.run("--no-prompt", "deploy", "--all", *extra)
 
-    def start_worker(self) -> None:
-        log = self._log("worker")
-        self._worker = subprocess.Popen(
-            [*_prefect(), "worker", "start", "--pool", POOL, "--limit", "8"],
+    def start_worker(self, name: str = "worker", *, limit: int = 8, env: dict[str, str] | None = None) -> None:
+        """`prefect worker start --name NAME --limit LIMIT`; its log is `<home>/<name>.log`.
+
+        `limit` is how many flow runs it runs at once; a worker that is full
+        leaves the pool's other runs to the other workers.
+        """
+        if name in self._workers:
+            raise ValueError(f"a worker named {name!r} is already running")
+        log = self._log(name)
+        self._workers[name] = subprocess.Popen(
+            [*_prefect(), "worker", "start", "--pool", POOL, "--name", name, "--limit", str(limit)],
             # Poll for new runs every 2 s instead of 10: runs start sooner on a laptop.
-            cwd=REPO, env={**self.env, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env}, stdout=log, stderr=log,
+            cwd=REPO, env={**self.env, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env, **(env or {})},
+            stdout=log, stderr=log,
         )  # fmt: skip
         os.close(log)
 
+    def worker_log(self, name: str = "worker") -> str:
+        path = self.home / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def worker_pid(self, name: str = "worker") -> int:
+        return self._workers[name].pid
+
+    def kill_worker(self, name: str) -> list[int]:
+        """SIGKILL a worker and every process under it, as when its machine dies; the pids killed.
+
+        A process worker starts each flow run in a session of its own, so killing
+        the worker's process group would leave its runs going: walk /proc instead.
+        """
+        proc = self._workers.pop(name)
+        killed: list[int] = []
+        tree = [proc.pid, *descendants(proc.pid)]
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        return killed
+
     def stop(self) -> None:
-        for proc in (self._worker, self._server):
+        for proc in (*self._workers.values(), self._server):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 try:
@@ -120,7 +177,8 @@ class PrefectStack:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        self._worker = self._server = None
+        self._workers = {}
+        self._server = None
 
     def wipe(self) -> None:
         shutil.rmtree(self.home, ignore_errors=True)

@@ -20,6 +20,7 @@ from prefect.deployments import run_deployment
 from prefect.runtime import deployment
 from prefect.states import Failed
 
+from flows.events import delivered_events
 from flows.polling import PollSummary, poll
 from flows.run_migrations import run_migrations
 from storage_migrator.settings import Settings
@@ -41,14 +42,15 @@ def detect_storage_changes(
     `settle_seconds` the delay after a change before a migration is requested."""
     settings = Settings.with_overrides(settle_seconds=settle_seconds, poll_seconds=poll_seconds,
                                        kubeconfig=kubeconfig, context=context)  # fmt: skip
-    summary = poll(settings)
-    # Every pending request is run, whoever made it (DESIGN 4.6): one applied with
-    # kubectl, or one the closing poll of run-migrations made, starts within a poll.
-    if summary.runnable and start_migrations:
-        if deployment.id is not None:
-            run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
-        else:
-            run_migrations(kubeconfig=kubeconfig, context=context)
+    with delivered_events():  # issue 12 item 5: an ephemeral run ends once its events are stored
+        summary = poll(settings)
+        # Every pending request is run, whoever made it (DESIGN 4.6): one applied with
+        # kubectl, or one the closing poll of run-migrations made, starts within a poll.
+        if summary.runnable and start_migrations:
+            if deployment.id is not None:
+                run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
+            else:
+                run_migrations(kubeconfig=kubeconfig, context=context)
     if summary.applied.denied:
         # Issue 14: a permission RBAC denies is no race a later poll wins: fail, naming it and the fix.
         return Failed(message="; ".join(summary.applied.denied))

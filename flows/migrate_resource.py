@@ -30,13 +30,14 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
-from prefect.events import emit_event
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed
 from pydantic import BaseModel, Field
 
+from flows.events import delivered_events, emit_migration
 from storage_migrator.agreement import StorageVersionObservation, decide_agreement
 from storage_migrator.chunks import MigrationAborted, add_progress
+from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migrations import MigrationCancelled, failure_summary
 from storage_migrator.models import (
     CONDITION_SUCCEEDED,
@@ -58,7 +59,6 @@ from tasks.migrating import (
 )
 from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit
 
-EVENT_PREFIX = "storage-migrator.migration"
 #: The progress artifact is updated at most this often (one API call; issue 13).
 ARTIFACT_SECONDS = 5.0
 
@@ -102,16 +102,10 @@ def _label_run(handle: MigrationHandle) -> None:
         get_run_logger().warning("could not rename the flow run: %s", exc)
 
 
-def _emit(outcome: str, handle: MigrationHandle, progress: MigrationProgress, message: str = "") -> None:
-    emit_event(
-        event=f"{EVENT_PREFIX}.{outcome}",
-        resource={
-            "prefect.resource.id": f"storage-migrator.storageversionmigration.{handle.name}",
-            "prefect.resource.name": handle.name,
-            "storage-migrator.resource": handle.group_resource,
-        },
-        payload={"progress": progress.model_dump(), "message": message[:1000]},
-    )
+def _emit(outcome: str, handle: MigrationHandle, progress: MigrationProgress, message: str = "",
+          failures: list[ObjectFailure] | None = None) -> None:  # fmt: skip
+    emit_migration(outcome, migration=handle.name, group_resource=handle.group_resource, progress=progress,
+                   message=message, failures=failures)  # fmt: skip
 
 
 def _percent(progress: MigrationProgress) -> float:
@@ -130,11 +124,12 @@ def _outcome_table(handle: MigrationHandle, progress: MigrationProgress, phase: 
     )
 
 
-def _fail(settings: Settings, handle: MigrationHandle, progress: MigrationProgress, *, reason: str,
-          message: str) -> State[Any]:  # fmt: skip
+def _fail(settings: Settings, handle: MigrationHandle, rec: RunRecorder, progress: MigrationProgress, *,
+          reason: str, message: str, passes: int = 1, failures: list[ObjectFailure] | None = None) -> State[Any]:  # fmt: skip
     finish_migration(settings, handle, succeeded=False, reason=reason, message=message)
+    rec.ended("failed", progress, reason=reason, message=message, passes=passes)
     _outcome_table(handle, progress, "Failed")
-    _emit("failed", handle, progress, message)
+    _emit("failed", handle, progress, message, failures or [])
     return Failed(message=f"{handle.name}: {message}")
 
 
@@ -155,6 +150,7 @@ def _migrate_passes(
     run: Passes,
     baseline: StorageVersionObservation | None,
     artifact: UUID,
+    rec: RunRecorder,
 ) -> None:
     """Chunk after chunk until the LIST is complete, asking after each checkpoint
     whether the API servers still agree (seed 001), and again from the beginning
@@ -162,6 +158,7 @@ def _migrate_passes(
     (agreement lost, or a verdict of the chunk loop) and `MigrationCancelled`."""
     shown = time.monotonic()
     while True:
+        began = time.monotonic()
         chunk = migrate_chunk_task(settings, handle, run.token, budget)
         run.progress = add_progress(run.progress, chunk)
         run.failures = (run.failures + chunk.failures)[:MAX_RECORDED_FAILURES]
@@ -175,6 +172,7 @@ def _migrate_passes(
             update_progress_artifact(artifact_id=artifact, progress=_percent(run.progress))
             shown = time.monotonic()
         saved.result()
+        rec.chunk(chunk, duration_seconds=time.monotonic() - began, progress=run.progress)
         run.token = chunk.token_out
         now = asked.result()
         verdict = decide_agreement(resource=handle.group_resource, moment="end" if run.token is None else "chunk",
@@ -205,6 +203,26 @@ def migrate_resource(
 ) -> MigrationSummary | State[Any]:
     """Migrate one resource: `migration` names an existing request; else `resource`
     (with `group`, `version`) creates one. Other parameters override the settings."""
+    # Issue 12 item 5: with no server of its own, the run ends once its events are stored.
+    with delivered_events():
+        return _migrate(resource=resource, group=group, version=version, migration=migration,
+                        chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
+                        write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
+
+
+def _migrate(
+    *,
+    resource: str | None,
+    group: str,
+    version: str | None,
+    migration: str | None,
+    chunk_size: int | None,
+    write_rate_per_second: float | None,
+    write_concurrency: int | None,
+    kubeconfig: str | None,
+    context: str | None,
+) -> MigrationSummary | State[Any]:
+    """The run itself (see the module docstring)."""
     logger = get_run_logger()
     settings = Settings.with_overrides(
         chunk_size=chunk_size, write_rate_per_second=write_rate_per_second, write_concurrency=write_concurrency,
@@ -216,9 +234,31 @@ def migrate_resource(
         logger.info("%s/%s has already %s: nothing to do", MIGRATIONS_KIND_NAME, handle.name, handle.finished)
         return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=handle.finished,
                                 progress=MigrationProgress())  # fmt: skip
+    # Issue 12: the ledger records in-process (no task runs); a ledger outage only delays its rows.
+    rec = RunRecorder.begin(
+        writer_from_settings(settings), migration=handle.name, migration_uid=handle.uid,
+        resource=handle.group_resource, version=handle.version, target_hash=handle.target_hash,
+        encryption_key=handle.encryption_key, requested_by=handle.requested_by,
+        flow_run_id=str(flow_run.id) if flow_run.id else None,
+    )  # fmt: skip
+    try:
+        return _run(settings, handle, rec, explicit_rate=write_rate_per_second is not None)
+    except BaseException as exc:
+        rec.ended("crashed", rec.progress, reason=type(exc).__name__,
+                  message="the run stopped on an error: see the flow run's logs")  # fmt: skip
+        raise
+    finally:
+        if not rec.writer.failing:  # during an outage the rows wait in the background instead
+            rec.writer.flush(settings.ledger_flush_seconds)
+
+
+def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
+         explicit_rate: bool) -> MigrationSummary | State[Any]:  # fmt: skip
+    """Seed 002's worker for one request: check agreement, start, the chunks, the verdict."""
+    logger = get_run_logger()
     if settings.shared_write_budget:
         budget = ensure_write_rate_limit(
-            settings.rate_limit_name, settings.write_rate_per_second, explicit=write_rate_per_second is not None
+            settings.rate_limit_name, settings.write_rate_per_second, explicit=explicit_rate
         )
     else:
         budget = RateLimitInfo(name=None, writes_per_second=settings.write_rate_per_second,
@@ -230,11 +270,16 @@ def migrate_resource(
     verdict = decide_agreement(resource=handle.group_resource, moment="start", baseline=None, now=baseline)
     if verdict.action == "abort":
         logger.warning("%s: %s", handle.name, verdict.message)
-        return _fail(settings, handle, MigrationProgress(), reason=verdict.reason, message=verdict.message)
+        rec.started(resumed=False)
+        return _fail(settings, handle, rec, MigrationProgress(), reason=verdict.reason, message=verdict.message)
     try:
         start = start_migration(settings, handle, flow_run=str(flow_run.id) if flow_run.id else None)
     except MigrationCancelled as exc:
+        rec.started(resumed=False)
+        rec.ended("cancelled", MigrationProgress(), reason="Deleted", message=str(exc))
         return Cancelled(message=str(exc))
+    rec.started(resumed=start.token is not None)
+    rec.progress = start.progress
     _emit("started", handle, start.progress)
     logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip
@@ -242,24 +287,27 @@ def migrate_resource(
                                                    description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token)
     try:
-        _migrate_passes(settings, handle, budget, run, baseline, artifact)
+        _migrate_passes(settings, handle, budget, run, baseline, artifact, rec)
     except MigrationCancelled as exc:
         logger.warning("%s", exc)
         _emit("cancelled", handle, run.progress, str(exc))
+        rec.ended("cancelled", run.progress, reason="Deleted", message=str(exc), passes=run.passes)
         return Cancelled(message=str(exc))
     except MigrationAborted as exc:
         logger.warning("%s: %s", handle.name, exc.message)
-        return _fail(settings, handle, run.progress, reason=exc.reason, message=exc.message)
+        return _fail(settings, handle, rec, run.progress, reason=exc.reason, message=exc.message, passes=run.passes)
     progress = run.progress
     update_progress_artifact(artifact_id=artifact, progress=100.0)
     if progress.failed:
         message = failure_summary(run.failures, progress.failed)
-        return _fail(settings, handle, progress, reason="ObjectsFailed", message=message)
+        return _fail(settings, handle, rec, progress, reason="ObjectsFailed", message=message, passes=run.passes,
+                     failures=run.failures)  # fmt: skip
     message = (f"{progress.listed} objects: {progress.rewritten} rewritten, {progress.unchanged} unchanged, "
                f"{progress.gone} gone, {progress.conflicted} written by others meanwhile")  # fmt: skip
     if run.passes > 1:
         message += f" (pass {run.passes}: the storage version moved during the earlier ones)"
     finish_migration(settings, handle, succeeded=True, reason="Completed", message=message)
+    rec.ended("succeeded", progress, reason="Completed", message=message, passes=run.passes)
     _outcome_table(handle, progress, "Succeeded")
     _emit("succeeded", handle, progress, message)
     logger.info("%s succeeded: %s", handle.name, message)

@@ -8,17 +8,25 @@ issue 10). It starts nothing itself, so the two never call each other.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
+from flows.events import emit_poll_changes
 from storage_migrator.agreement import AgreementSource
 from storage_migrator.detection import DeleteMigration
 from storage_migrator.dispatch import plan_dispatch
+from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.ledger.recorder import writer_from_settings
+from storage_migrator.ledger.records import PollRecord
+from storage_migrator.observation import Observations
 from storage_migrator.poll_plan import plan_poll
 from storage_migrator.settings import Settings
+from storage_migrator.tracking import select_resources
 from tasks.detecting import Applied, apply_plan, observe
 
 
@@ -38,11 +46,17 @@ class PollSummary(BaseModel):
     )
 
 
+def tracked(seen: Observations, settings: Settings) -> list[DiscoveredResource]:
+    """The resources this poll followed (the include / exclude settings), as the ledger counts them."""
+    return select_resources(seen.discovered, include=settings.include_resources, exclude=settings.exclude_resources)
+
+
 def poll(settings: Settings) -> PollSummary:
     """Seed 000's triggering controller, once: every decision is `plan_poll`'s (seed 000's
     `plan_detection`, and `plan_retention`'s for finished requests past their retention),
     the same plan `storage-migrator plan` prints."""
     logger = get_run_logger()
+    began, clock = datetime.now(UTC), time.monotonic()
     seen = observe(settings)
     if seen.failed_group_versions:
         # Deciding on a partial document could reset or refine the wrong states.
@@ -51,6 +65,14 @@ def poll(settings: Settings) -> PollSummary:
     logger.info("agreement from %s: %s", seen.agreement_source, ", ".join(seen.api_servers) or "one server")
     plan = plan_poll(seen, settings, now=datetime.now(UTC))
     applied = apply_plan(settings, plan, seen.states)
+    # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
+    writer_from_settings(settings).submit(PollRecord(
+        started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,
+        resources_seen=len(tracked(seen, settings)), changes=len(applied.done) - applied.heartbeats,
+        requests_made=len(applied.created_migrations),
+        errors=len(applied.errors), flow_run_id=str(flow_run.id) if flow_run.id else None,
+    ))  # fmt: skip
+    emit_poll_changes(applied.changes)
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:
         create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")

@@ -7,6 +7,17 @@ seed 003 asks; at most `max_parallel` resources at once), run each as its own
 migration is a run of the `migrate-resource` deployment, so workers on several
 machines share the work; called directly, each is a subflow in this process.
 
+A worker that dies (killed, its machine gone) leaves its flow runs Running (or
+Pending) in Prefect for ever, and a dispatcher waiting on them would wait for
+ever (issue 14). So the dispatcher looks again every `check_seconds`: a
+migration whose run a worker took longer than the lease ago, without a
+checkpoint since (`presumed_dead`), gets that run marked Crashed, with the reason, and is
+resumed from its checkpoint by the next round, on whichever worker is alive;
+once per request and dispatcher run, so a run that dies again waits for the
+next dispatcher. Before resuming a request it did not start, the dispatcher
+marks the dead runs it finds for it (by their `migration:<name>` tag) the same
+way, so that the history does not show them Running.
+
 When one of them succeeded, the run ends with one detection poll (issue 10), so
 the StorageState of a migrated resource is refined at once instead of at the
 next scheduled poll. The poll starts nothing, and its failure is only a warning:
@@ -19,19 +30,37 @@ import contextvars
 import time
 from collections.abc import Collection
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    FlowRunFilterTags,
+)
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment
+from prefect.states import Crashed
 from pydantic import BaseModel, Field
 
+from flows.events import delivered_events
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
-from storage_migrator.dispatch import RUNNING_ELSEWHERE, migration_resource, plan_dispatch
+from storage_migrator.dispatch import (
+    RUNNING_ELSEWHERE,
+    DispatchPlan,
+    migration_resource,
+    plan_dispatch,
+    presumed_dead,
+)
+from storage_migrator.models import CONDITION_RUNNING, MIGRATIONS_KIND_NAME, StorageVersionMigration, is_condition_true
 from storage_migrator.settings import Settings
 from tasks.dispatching import read_migrations
 
@@ -48,13 +77,89 @@ class DispatchSummary(BaseModel):
     )
 
 
-def _run_one(name: str, overrides: dict[str, Any], deployed: bool) -> str:
-    if deployed:
-        run = cast(FlowRun, run_deployment(MIGRATE_DEPLOYMENT, parameters={"migration": name, **overrides},
-                                           timeout=None, as_subflow=True))  # fmt: skip
-        return str(run.state.name) if run.state else "Unknown"
-    state = migrate_resource(migration=name, return_state=True, **overrides)
-    return str(state.name)
+@dataclass
+class _Child:
+    """A migration this dispatcher started; `flow_run` once its deployment run exists."""
+
+    name: str
+    resource: str
+    flow_run: UUID | None = None
+
+
+def _run_one(child: _Child, overrides: dict[str, Any], deployed: bool, poll_seconds: float) -> str:
+    """Run one migration to its end; the name of its final state."""
+    if not deployed:
+        return str(migrate_resource(migration=child.name, return_state=True, **overrides).name)
+    run = cast(FlowRun, run_deployment(MIGRATE_DEPLOYMENT, parameters={"migration": child.name, **overrides},
+                                       timeout=0, as_subflow=True))  # fmt: skip
+    child.flow_run = run.id
+    while True:  # what run_deployment(timeout=None) does, but the dispatcher may end it (_reap)
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(run.id).state
+        if state is not None and state.is_final():
+            return str(state.name)
+        time.sleep(poll_seconds)
+
+
+def _dead_message(name: str, state: str, lease_seconds: float) -> str:
+    return (f"{MIGRATIONS_KIND_NAME}/{name} had no checkpoint, and this run showed {state}, for longer than "
+            f"lease_seconds ({lease_seconds:g} s): its process is presumed dead (its worker stopped or was "
+            "killed); run-migrations resumes the request from its checkpoint")  # fmt: skip
+
+
+def _crash_dead_runs(
+    migrations: dict[str, StorageVersionMigration], runs: dict[str, list[FlowRun]], *, lease_seconds: float
+) -> list[str]:
+    """Mark Crashed every flow run in `runs` (by request name) that `presumed_dead` judges dead;
+    the names of the requests whose run was marked."""
+    logger = get_run_logger()
+    now = datetime.now(UTC)
+    crashed = []
+    with get_client(sync_client=True) as client:
+        for name, candidates in runs.items():
+            for run in candidates:
+                state = run.state
+                claimed = state.timestamp if state is not None and (state.is_running() or state.is_pending()) else None
+                if state is None or not presumed_dead(migrations.get(name), claimed_at=claimed, now=now,
+                                                      lease_seconds=lease_seconds):  # fmt: skip
+                    continue
+                message = _dead_message(name, str(state.name), lease_seconds)
+                logger.warning("flow run %s (%s): %s", run.name, run.id, message)
+                client.set_flow_run_state(run.id, Crashed(message=message), force=True)
+                crashed.append(name)
+    return crashed
+
+
+def _reap(children: list[_Child], migrations: list[StorageVersionMigration], lease_seconds: float) -> list[str]:
+    """Our own runs that died (their worker with them): marked Crashed, so their waits end."""
+    ids = {c.flow_run: c.name for c in children if c.flow_run is not None}
+    if not ids:
+        return []
+    try:
+        with get_client(sync_client=True) as client:
+            runs: dict[str, list[FlowRun]] = {}
+            for run_id, name in ids.items():
+                runs.setdefault(name, []).append(client.read_flow_run(run_id))
+        return _crash_dead_runs({m.metadata.name or "": m for m in migrations}, runs, lease_seconds=lease_seconds)
+    except Exception as exc:  # noqa: BLE001 - judged again next round
+        get_run_logger().warning("could not check the migrations' flow runs (%s: %s)", type(exc).__name__, exc)
+        return []
+
+
+def _crash_orphans(migration: StorageVersionMigration, lease_seconds: float) -> None:
+    """Before resuming a request someone else started: its dead runs (tag `migration:<name>`) marked Crashed."""
+    name = migration.metadata.name or ""
+    if not is_condition_true(migration.status.conditions, CONDITION_RUNNING):
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                tags=FlowRunFilterTags(all_=[f"migration:{name}"]),
+                state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])),
+            ))  # fmt: skip
+        _crash_dead_runs({name: migration}, {name: list(runs)}, lease_seconds=lease_seconds)
+    except Exception as exc:  # noqa: BLE001 - the history only; the resume goes on
+        get_run_logger().warning("could not mark the dead runs of %s (%s: %s)", name, type(exc).__name__, exc)
 
 
 def run_overrides(**values: Any) -> dict[str, Any]:
@@ -78,6 +183,21 @@ def _refine(settings: Settings) -> list[str] | None:
     return polled.applied.done
 
 
+def _plan_round(
+    settings: Settings, pending: list[StorageVersionMigration], *, active: set[str], only: Collection[str] | None
+) -> DispatchPlan:
+    """`plan_dispatch` over the requests not yet started by this run (`only`: of those named)."""
+    now = datetime.now(UTC)
+    if only is not None:
+        # Others' live runs keep their resources busy; others' pending requests are not ours to run.
+        live = {w.name for w in plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
+                                              lease_seconds=settings.lease_seconds).waiting
+                if w.reason == RUNNING_ELSEWHERE}  # fmt: skip
+        pending = [m for m in pending if m.metadata.name in only or m.metadata.name in live]
+    return plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
+                         lease_seconds=settings.lease_seconds, active=active)  # fmt: skip
+
+
 def dispatch_requests(
     settings: Settings,
     overrides: dict[str, Any],
@@ -91,35 +211,37 @@ def dispatch_requests(
     `only` restricts the runs to the requests named (rotate-encryption-key); a
     request of another resource's live run still holds its resource, and the
     named ones it holds are waited for (every `wait_seconds`) rather than left.
+    While runs go on, the requests are read again every `check_seconds` (a
+    quarter of the lease, at least `wait_seconds`): dead runs are reaped and
+    resumed, new requests started.
     """
     logger = get_run_logger()
     summary = DispatchSummary()
     attempted: set[str] = set()
-    running: dict[Future[str], tuple[str, str]] = {}
+    resumed: set[str] = set()
+    running: dict[Future[str], _Child] = {}
+    check_seconds = max(wait_seconds, settings.lease_seconds / 4)
     with ThreadPoolExecutor(max_workers=settings.max_parallel_migrations, thread_name_prefix="migration") as pool:
         while True:
+            migrations = read_migrations(settings)
             # A request is started at most once per dispatcher run: one that is still
-            # pending after its run (crashed, cancelled) waits for the next dispatcher.
-            pending = [m for m in read_migrations(settings) if m.metadata.name not in attempted]
-            now = datetime.now(UTC)
-            active = {res for _, res in running.values()}
-            if only is not None:
-                # Others' live runs keep their resources busy; others' pending requests are not ours to run.
-                live = {w.name for w in plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
-                                                      lease_seconds=settings.lease_seconds).waiting
-                        if w.reason == RUNNING_ELSEWHERE}  # fmt: skip
-                pending = [m for m in pending if m.metadata.name in only or m.metadata.name in live]
-            plan = plan_dispatch(
-                pending, now=now, max_parallel=settings.max_parallel_migrations,
-                lease_seconds=settings.lease_seconds, active=active,
-            )  # fmt: skip
+            # pending after its run (crashed, cancelled) waits for the next dispatcher;
+            # but a run that died with its worker is resumed once at once.
+            for name in _reap(list(running.values()), migrations, settings.lease_seconds):
+                if name not in resumed:
+                    resumed.add(name)
+                    attempted.discard(name)
+            pending = [m for m in migrations if m.metadata.name not in attempted]
+            plan = _plan_round(settings, pending, active={c.resource for c in running.values()}, only=only)
             by_name = {m.metadata.name: m for m in pending}
             for name in plan.start:
                 attempted.add(name)
-                resource = migration_resource(by_name[name])
-                logger.info("starting %s (%s)", name, resource)
+                child = _Child(name=name, resource=migration_resource(by_name[name]))
+                if deployed and name not in resumed:
+                    _crash_orphans(by_name[name], settings.lease_seconds)
+                logger.info("starting %s (%s)", name, child.resource)
                 ctx = contextvars.copy_context()  # keeps the subflow under this flow run
-                running[pool.submit(ctx.run, _run_one, name, overrides, deployed)] = (name, resource)
+                running[pool.submit(ctx.run, _run_one, child, overrides, deployed, wait_seconds)] = child
             summary.waiting = {w.name: w.reason for w in plan.waiting}
             if not running:
                 blocked = [n for n in summary.waiting if only is not None and n in only]
@@ -128,14 +250,14 @@ def dispatch_requests(
                 logger.info("waiting for %s: %s", ", ".join(blocked), summary.waiting[blocked[0]])
                 time.sleep(wait_seconds)
                 continue
-            done, _ = wait(list(running), return_when=FIRST_COMPLETED)
+            done, _ = wait(list(running), timeout=check_seconds, return_when=FIRST_COMPLETED)
             for future in done:
-                name, resource = running.pop(future)
+                child = running.pop(future)
                 try:
-                    summary.outcomes[name] = future.result()
+                    summary.outcomes[child.name] = future.result()
                 except Exception as exc:  # noqa: BLE001 - one migration's crash must not stop the others
-                    summary.outcomes[name] = f"Crashed: {type(exc).__name__}: {exc}"
-                logger.info("%s (%s): %s", name, resource, summary.outcomes[name])
+                    summary.outcomes[child.name] = f"Crashed: {type(exc).__name__}: {exc}"
+                logger.info("%s (%s): %s", child.name, child.resource, summary.outcomes[child.name])
     return summary
 
 
@@ -152,9 +274,10 @@ def run_migrations(
     overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                               write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
     settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
-    summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
-    if "Completed" in summary.outcomes.values():
-        summary.polled = _refine(settings)
+    with delivered_events():  # issue 12 item 5: an ephemeral run ends once its events are stored
+        summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
+        if "Completed" in summary.outcomes.values():
+            summary.polled = _refine(settings)
     rows = [{"migration": n, "outcome": o} for n, o in summary.outcomes.items()]
     rows += [{"migration": n, "outcome": f"waiting: {r}"} for n, r in summary.waiting.items()]
     if rows:

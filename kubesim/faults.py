@@ -28,6 +28,13 @@ class FaultRule(BaseModel):
     code: int | None = Field(default=None, description="HTTP status to answer, e.g. 429, 500, 503, 422")
     reason: str | None = Field(default=None, description="Status reason; derived from the code when None")
     message: str = "injected fault"
+    causes: list[dict[str, str]] | None = Field(
+        default=None,
+        description=(
+            "Status details.causes ({reason, message, field}), as kube-apiserver sends with a 422 "
+            "(field.ErrorList: one cause per invalid field)"
+        ),
+    )
     retry_after: int | None = Field(default=None, description="seconds, sent as the Retry-After header")
     shape: Literal["status", "plain"] = Field(
         default="status", description="429 as a JSON Status (details.retryAfterSeconds) or as plain text"

@@ -333,6 +333,8 @@ class Handler(BaseHTTPRequestHandler):
         details: dict[str, Any] = {}
         if fault.retry_after is not None:
             details["retryAfterSeconds"] = fault.retry_after
+        if fault.causes:
+            details["causes"] = fault.causes
         err = StatusError(
             fault.code, fault.reason or reason_for(fault.code), fault.message, details=details, headers=headers
         )

@@ -36,6 +36,7 @@ from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.backoff import retry_delay
+from storage_migrator.failures import object_failure
 from storage_migrator.kube.errors import (
     RBAC_FIX,
     Conflict,
@@ -327,11 +328,8 @@ def _write_one(
                 ctx.wait(exc, step, attempt=attempt)
                 attempt += 1
                 continue
-            return _Settled(
-                "failed",
-                ObjectFailure(namespace=namespace, name=name, code=exc.code, reason=exc.reason,
-                              message=exc.message[:300]),
-            )  # fmt: skip
+            # Issue 12 item 6: name, code, reason and field paths; never the message.
+            return _Settled("failed", object_failure(namespace=namespace, name=name, exc=exc))
 
 
 def _write_all(

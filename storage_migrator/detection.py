@@ -256,6 +256,7 @@ class _Draft:
     since: datetime | None
     settle_until: datetime | None
     reasons: list[str] = field(default_factory=list)
+    refined_by: str | None = None
 
     def start_clock(self, now: datetime) -> None:
         """The current hash is recorded from now on (SINCE_ANNOTATION)."""
@@ -376,6 +377,7 @@ def _plan_existing(
         annotations=draft.annotations,
         current_hashes=reporters.entries,
         reason="; ".join(draft.reasons),
+        refined_by=draft.refined_by,
     )
     actions: list[Action] = [*deletions, update]
     trim = _trim(observed, draft.current, proof)
@@ -535,6 +537,7 @@ def _refine(
     )
     if proof is not None and draft.persisted != [current]:
         draft.persisted = [current]
+        draft.refined_by = proof.metadata.name
         draft.reasons.append(f"refined: migration {proof.metadata.name} succeeded to {current}")
     return proof
 

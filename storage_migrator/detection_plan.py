@@ -71,6 +71,10 @@ class UpdateState(_Action):
             "entry per reporter (seed 000, HA). Empty only in plans made before reporters existed."
         ),
     )
+    refined_by: str | None = Field(
+        default=None,
+        description="The Succeeded migration that refines persisted to [current] in this update, if it does.",
+    )
 
 
 class DeleteMigration(_Action):

@@ -11,6 +11,9 @@ A ``Running`` condition is a lease: the run that owns it refreshes its
 ``lastUpdateTime`` at every checkpoint, so a recent one means a live run
 (leave it alone, its resource is busy) and an old one means the run died
 (resume it from its stored continue token, seed 002 "Failure recovery").
+The same lease judges a flow run that still shows Running in Prefect after its
+process died with its worker (Prefect marks nothing Crashed by itself then):
+`presumed_dead` says when the dispatcher may mark it Crashed and resume it.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "is_finished",
     "migration_resource",
     "plan_dispatch",
+    "presumed_dead",
     "queued_reason",
 ]
 
@@ -133,6 +137,33 @@ def _lease_is_live(migration: StorageVersionMigration, *, now: datetime, lease_s
     if condition is None or condition.status != "True" or condition.last_update_time is None:
         return False
     return (now - condition.last_update_time).total_seconds() <= lease_seconds
+
+
+def presumed_dead(
+    migration: StorageVersionMigration | None,
+    *,
+    claimed_at: datetime | None,
+    now: datetime,
+    lease_seconds: float,
+) -> bool:
+    """Whether a flow run that a worker took for ``migration`` (Prefect shows it
+    Pending or Running since ``claimed_at``) has died.
+
+    True when it was taken longer than ``lease_seconds`` ago and the request's
+    lease is not live: a live run refreshes it within seconds of starting and at
+    every checkpoint, so neither happened for a whole lease (its process was
+    killed with its worker, or its machine died; a worker that dies before the
+    process starts leaves the run Pending for ever). Never for a request that is
+    finished or gone (the run is only wrapping up or cancelling), nor for a run
+    no worker has taken (None: it waits for one).
+    """
+    if migration is None or is_finished(migration) or claimed_at is None:
+        return False
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    if (now - claimed_at).total_seconds() <= lease_seconds:
+        return False
+    return not _lease_is_live(migration, now=now, lease_seconds=lease_seconds)
 
 
 def _age_key(migration: StorageVersionMigration) -> tuple[bool, datetime, str]:

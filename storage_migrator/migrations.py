@@ -17,6 +17,7 @@ from typing import Protocol
 
 from kubernetes.client import ApiClient
 
+from storage_migrator.failures import DENIED_PREFIX, SCRUBBED_PREFIX, fix_hint
 from storage_migrator.kube.errors import RBAC_FIX, Conflict, NotFound, denied_permission
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.reading import read_object
@@ -82,16 +83,32 @@ def create_migration(api: ApiClient, migration: StorageVersionMigration) -> Stor
 
 
 def failure_summary(failures: list[ObjectFailure], total: int) -> str:
-    """`3 objects could not be rewritten: default/a (422 Invalid: ...), ...` (first few named)."""
+    """`3 object(s) could not be rewritten: default/a (422 Invalid: fields: data.x (FieldValueInvalid)),
+    ...; to fix: ...` (first few named, then what to do about the first one's answer).
+
+    Issue 12 item 6: only names, codes, reasons and field paths (see
+    :mod:`storage_migrator.failures`); a message recorded by an older version,
+    free text that may quote the object, is left out.
+    """
     named = ", ".join(
-        f"{f.namespace + '/' if f.namespace else ''}{f.name} ({f.code} {f.reason}: {f.message[:120]})"
-        for f in failures[:NAMED_FAILURES]
+        f"{f.namespace + '/' if f.namespace else ''}{f.name} ({_answer(f)})" for f in failures[:NAMED_FAILURES]
     )
     more = f", and {total - NAMED_FAILURES} more" if total > NAMED_FAILURES else ""
     summary = f"{total} object(s) could not be rewritten: {named}{more}"
-    # Issue 14: a denied permission is named whole (the per-object messages are cut) with its fix.
+    # Issue 14: a denied permission is named whole, with how to grant it.
     denied = next((p for f in failures if f.code == 403 and (p := denied_permission(f.message))), None)
-    return f"{summary}. Forbidden: {denied}; {RBAC_FIX}" if denied else summary
+    if denied:
+        return f"{summary}. Forbidden: {denied}; {RBAC_FIX}"
+    hint = f"; to fix: {fix_hint(failures[0].code, failures[0].reason)}" if failures else ""
+    return summary + hint
+
+
+def _answer(failure: ObjectFailure) -> str:
+    answer = f"{failure.code} {failure.reason}".strip()
+    denial = failure.message.startswith(DENIED_PREFIX) and denied_permission(failure.message) is not None
+    if failure.message.startswith(SCRUBBED_PREFIX) or denial:
+        answer += f": {failure.message}"
+    return answer
 
 
 class MigrationRecord:

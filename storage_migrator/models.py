@@ -235,7 +235,13 @@ class ObjectFailure(WireModel):
     name: str = Field(description="Name of the object.")
     code: int = Field(description="HTTP status code of the last answer (0: no answer).")
     reason: str = Field(default="", description="Reason of the API's answer, e.g. Forbidden.")
-    message: str = Field(default="", description="Message of the API's answer.")
+    message: str = Field(
+        default="",
+        description=(
+            "The fields the API named (a 422's causes: path and reason), e.g. 'fields: data.x "
+            "(FieldValueInvalid)'. Never the API's message, which can quote the object."
+        ),
+    )
 
 
 class StorageVersionMigrationStatus(WireModel):

@@ -9,8 +9,10 @@ again from what it then observes (seed 000's controller is level-triggered).
 from __future__ import annotations
 
 import contextlib
+from datetime import UTC, datetime
 
 from prefect import get_run_logger, task
+from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from storage_migrator.crds import CRDS
@@ -26,6 +28,8 @@ from storage_migrator.detection import (
 )
 from storage_migrator.kube.errors import Forbidden, KubeError, NotFound
 from storage_migrator.kube.writing import delete_object, patch_object
+from storage_migrator.ledger.recorder import writer_from_settings
+from storage_migrator.ledger.records import StateChange
 from storage_migrator.migrations import MIGRATIONS, create_migration
 from storage_migrator.models import (
     MIGRATIONS_KIND_NAME,
@@ -34,6 +38,7 @@ from storage_migrator.models import (
     new_storage_version_migration,
 )
 from storage_migrator.observation import Observations, observe_cluster
+from storage_migrator.poll_changes import PollChanges
 from storage_migrator.settings import Settings
 from storage_migrator.states import create_state, write_state
 from tasks.common import PRIVATE, api_client, connected
@@ -49,10 +54,12 @@ class Applied(BaseModel):
 
     done: list[str] = Field(default_factory=list)
     created_migrations: list[str] = Field(default_factory=list)
+    heartbeats: int = Field(default=0, description="StorageStates whose heartbeat alone was written (no change).")
     errors: list[str] = Field(default_factory=list)
     denied: list[str] = Field(
         default_factory=list, description="Of the errors, the permissions RBAC denied (no later poll heals them)."
     )
+    changes: PollChanges = Field(default_factory=PollChanges, description="What was applied, for events.")
 
 
 @task(name="observe", **PRIVATE)
@@ -66,6 +73,19 @@ def observe(settings: Settings) -> Observations:
     return seen
 
 
+def _state_change(action: CreateState | UpdateState, old: StorageState | None) -> StateChange | None:
+    """The ledger row of a StorageState write that changed its hashes (a heartbeat alone is no change)."""
+    old_hash = old.status.current_storage_version_hash if old else None
+    old_persisted = list(old.status.persisted_storage_version_hashes) if old else []
+    if old is not None and old_hash == action.current_hash and old_persisted == action.persisted:
+        return None
+    return StateChange(recorded_at=datetime.now(UTC), state=action.name,
+                       action="created" if isinstance(action, CreateState) else "updated",
+                       old_current_hash=old_hash, new_current_hash=action.current_hash, old_persisted=old_persisted,
+                       new_persisted=list(action.persisted), reason=action.reason,
+                       flow_run_id=str(flow_run.id) if flow_run.id else None)  # fmt: skip
+
+
 def _ours(annotations: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in (annotations or {}).items() if k in OUR_ANNOTATIONS}
 
@@ -75,8 +95,10 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
     logger = get_run_logger()
     by_name = {s.metadata.name: s for s in states}
     applied = Applied()
+    ledger = writer_from_settings(settings)  # issue 12: in this task, no task run of its own
     with connected(settings) as api:
         for action in plan.actions:
+            change: StateChange | None = None
             try:
                 if isinstance(action, CreateState):
                     create_state(api, name=action.name, group=action.group, resource=action.resource,
@@ -84,6 +106,7 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                                  heartbeat=action.heartbeat, annotations=_ours(action.annotations),
                                  current_hashes=action.current_hashes)  # fmt: skip
                     done = f"created {STATES_KIND_NAME}/{action.name}: {action.reason}"
+                    change = _state_change(action, None)
                 elif isinstance(action, UpdateState):
                     old = by_name.get(action.name)
                     write_state(api, name=action.name, resource_version=action.resource_version,
@@ -91,7 +114,9 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                                 heartbeat=action.heartbeat, annotations=_ours(action.annotations),
                                 old_annotations=_ours(old.metadata.annotations if old else None),
                                 current_hashes=action.current_hashes)  # fmt: skip
+                    applied.changes.add_update(action, old)
                     done = f"updated {STATES_KIND_NAME}/{action.name}: {action.reason}"
+                    change = _state_change(action, old)
                 elif isinstance(action, DeleteMigration):
                     with contextlib.suppress(NotFound):  # already gone: what we wanted
                         delete_object(api, MIGRATIONS, name=action.name, uid=action.uid)
@@ -101,6 +126,7 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                                                             resource=action.resource, labels=DETECTION_LABELS)  # fmt: skip
                     created = create_migration(api, request)
                     applied.created_migrations.append(created.metadata.name or "")
+                    applied.changes.add_request(action, created.metadata.name or "")
                     done = f"requested {MIGRATIONS_KIND_NAME}/{created.metadata.name}: {action.reason}"
                 elif isinstance(action, TrimStoredVersions):
                     patch_object(api, CRDS, name=action.crd_name, subresource="status",
@@ -121,4 +147,8 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
                 continue
             applied.done.append(done)
             logger.info("%s", done)
+            if change is not None:
+                ledger.submit(change)
+            elif isinstance(action, UpdateState):
+                applied.heartbeats += 1
     return applied

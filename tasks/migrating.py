@@ -24,6 +24,7 @@ from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.storageversions import read_storage_version
+from storage_migrator.ledger.recorder import encryption_key_of, requested_by
 from storage_migrator.lookahead import PageAhead
 from storage_migrator.migrations import (
     MigrationCancelled,
@@ -60,6 +61,8 @@ class MigrationHandle(BaseModel):
     write_mode: WriteMode = "patch"
     target_hash: str = ""
     finished: str | None = Field(default=None, description="Succeeded/Failed when there is nothing left to do.")
+    requested_by: str = Field(default="manual", description="Who asked, for the ledger (label requested-by).")
+    encryption_key: str | None = Field(default=None, description="The write key a rotation request names.")
 
     @property
     def ref(self) -> ResourceRef:
@@ -111,7 +114,9 @@ def resolve_migration(
                 ) from exc
             spec = existing.spec.resource
             base = MigrationHandle(name=migration, uid=existing.metadata.uid or "", group=spec.group,
-                                   version=spec.version, resource=spec.resource)  # fmt: skip
+                                   version=spec.version, resource=spec.resource,
+                                   requested_by=requested_by(existing.metadata.labels),
+                                   encryption_key=encryption_key_of(existing.metadata.annotations))  # fmt: skip
             conditions = existing.status.conditions
             for done in (CONDITION_SUCCEEDED, CONDITION_FAILED):
                 if is_condition_true(conditions, done):

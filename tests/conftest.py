@@ -8,9 +8,11 @@ back what it changed (storage versions, encryption keys, faults).
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +26,14 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # The test server runs on SQLite, where a global-concurrency-limit acquisition can
 # wait seconds on the database lock; tests of the shared budget turn it back on.
 os.environ.setdefault("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
+# The ledger (issue 12): the session's runs are recorded in a file of its own, never ./storage-migrator.db;
+# tests of the ledger point STORAGE_MIGRATOR_DATABASE_URL at their own database.
+if "STORAGE_MIGRATOR_DATABASE_URL" not in os.environ:
+    _ledger_dir = tempfile.mkdtemp(prefix="storage-migrator-ledger-")
+    atexit.register(shutil.rmtree, _ledger_dir, True)
+    os.environ["STORAGE_MIGRATOR_DATABASE_URL"] = f"sqlite:///{_ledger_dir}/ledger.db"
+
+from ledger_fixtures import postgres_server, postgres_url  # noqa: F401 - fixtures for the ledger's tests
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
@@ -140,7 +150,7 @@ def prefect_api() -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=180):
         url = PREFECT_API_URL.value()
         assert url, "the Prefect test harness set no API URL"
         yield str(url)

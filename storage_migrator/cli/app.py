@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from storage_migrator.cli import discover, plan, rbac, status, verify_etcd
+from storage_migrator.cli import discover, history, metrics, plan, rbac, status, verify_etcd
 from storage_migrator.cli.options import GlobalOptions
 from storage_migrator.kube.connection import ConnectionConfigError
 from storage_migrator.kube.errors import KubeError
@@ -50,6 +50,8 @@ app.command("verify-etcd")(verify_etcd.command)
 app.command("status")(status.command)
 app.command("plan")(plan.command)
 app.command("rbac")(rbac.command)
+app.command("history")(history.command)
+app.command("metrics")(metrics.command)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

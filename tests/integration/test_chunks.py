@@ -514,9 +514,11 @@ def test_object_failing_for_good_is_reported_and_the_rest_migrated(
         (widgets.namespace, "w-011", 422, "Invalid"),
         (widgets.namespace, "w-023", 503, "ServiceUnavailable"),
     ]
-    assert failures[0].message == "denied by webhook"
+    # Issue 12 item 6: the API's free-text message (it can quote the object) is not kept.
+    assert failures[0].message == ""
     summary = failure_summary(failures, run.progress.failed)
-    assert "w-011 (422 Invalid: denied by webhook)" in summary
+    assert "w-011 (422 Invalid)" in summary
+    assert "denied by webhook" not in summary
     assert "w-023 (503 ServiceUnavailable" in summary
     stored = widgets.stored(kubesim)
     assert stored["w-011"][1].api_version == stored["w-023"][1].api_version == f"{widgets.group}/v1"
@@ -865,7 +867,9 @@ def test_finish_sets_the_seed_conditions(
         assert (c["reason"], c["message"]) == (reason, message)
         assert c["lastUpdateTime"] == finished_at.strftime("%Y-%m-%dT%H:%M:%SZ")
     if not succeeded:
-        assert "ns/w-011 (422 Invalid: denied by webhook)" in condition(raw, "Failed")["message"]
+        # A message recorded by an older version is free text: left out (issue 12 item 6).
+        assert "ns/w-011 (422 Invalid); to fix: " in condition(raw, "Failed")["message"]
+        assert "denied by webhook" not in condition(raw, "Failed")["message"]
         assert raw["status"]["failures"][0]["name"] == "w-011"
     if KUBECTL:
         waited = kubectl(kubesim, tmp_path, "wait", f"--for=condition={terminal}",

@@ -402,6 +402,40 @@ def test_a_denied_detection_action_fails_the_poll_naming_it_and_the_fix(
     assert "serviceaccounts" not in [s.metadata.name for s in list_states(rc.api)]
 
 
+def test_the_narrow_role_of_the_rbac_command_is_enough_for_a_key_rotation_and_no_more(
+    rbac_cluster: RbacCluster, prefect_api: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 14 item 3: "A key rotation needs Secrets and ConfigMaps only. `storage-migrator
+    rbac --resources secrets,configmaps` prints a ClusterRole for exactly the resources it
+    will migrate". Bound in place of the shipped role: the rotation completes, judged by
+    etcd, and a migration of any other resource is refused naming the permission."""
+    from flows.migrate_resource import migrate_resource
+    from flows.rotate_encryption_key import rotate_encryption_key
+    from storage_migrator.cli import main
+
+    rc = rbac_cluster
+    assert main(["--kubeconfig", rc.admin_kubeconfig, "rbac", "--resources", "secrets,configmaps", "-o", "json"]) == 0
+    role = next(i for i in json.loads(capsys.readouterr().out)["items"] if i["kind"] == "ClusterRole")
+    assert not any("*" in r.get("resources", []) for r in role["rules"]), role["rules"]
+    rc.set_role_rules(role["rules"])
+    try:
+        # seed 003's order: key3 readable everywhere, then the write key; then the migration.
+        # (The older keys stay readable: this test may run alone, before the rotation to key2.)
+        rc.admin.set_encryption(["key1", "key2", "key3"], resources=["secrets", "configmaps"])
+        rc.admin.set_encryption(["key3", "key1", "key2"], resources=["secrets", "configmaps"])
+        rotated = rotate_encryption_key(key="key3", kubeconfig=rc.sa_kubeconfig, return_state=True, **FAST)
+        assert rotated.is_completed(), rotated.message
+        for resource in ("secrets", "configmaps"):
+            assert {s.key_name for s in stored(rc, resource).values()} == {"key3"}, resource
+        refused = migrate_resource(resource="serviceaccounts", kubeconfig=rc.sa_kubeconfig, return_state=True,
+                                   **FAST)  # fmt: skip
+    finally:
+        rc.set_role_rules(copy.deepcopy(RULES))
+    assert refused.is_failed()
+    denied = 'cannot list resource "serviceaccounts" in API group "" at the cluster scope'
+    assert denied in str(refused.message) and RBAC_FIX in str(refused.message), refused.message
+
+
 def test_after_a_restart_only_system_masters_is_served_until_rbac_settles(rbac_cluster: RbacCluster) -> None:
     """kube-apiserver before its RBAC caches fill: 403 naming the request's user, `/readyz`
     500; `system:masters` is served (its authorizer needs no cache). Runs last: it restarts."""

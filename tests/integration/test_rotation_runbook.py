@@ -121,7 +121,7 @@ def stored_keys(cluster: Cluster, prefix: str) -> dict[str, str]:
 
 
 def test_the_runbook_rotates_key1_to_key2_under_writers_and_faults(
-    cluster: tuple[Cluster, Path], capsys: pytest.CaptureFixture[str]
+    cluster: tuple[Cluster, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flows.rotate_encryption_key import rotate_encryption_key
     from storage_migrator.cli import main
@@ -158,6 +158,10 @@ def test_the_runbook_rotates_key1_to_key2_under_writers_and_faults(
         for fault in ({"code": 503}, {"code": 429, "retry_after": 0}, {"drop": True}, {"latency": 0.05, "code": 500})
     ]  # fmt: skip
     admin.set_faults(faults)
+    # Short backoffs: this test is about what survives the faults, not how long the migrator
+    # waits between tries (tests/unit/test_backoff.py); the defaults made it take 90 s.
+    monkeypatch.setenv("STORAGE_MIGRATOR_BACKOFF_BASE_SECONDS", "0.05")
+    monkeypatch.setenv("STORAGE_MIGRATOR_BACKOFF_MAX_SECONDS", "0.5")
     writers.start()
     try:
         state = rotate_encryption_key(key="key2", kubeconfig=str(own.kubeconfig), write_rate_per_second=3000.0,

@@ -18,6 +18,7 @@ from storage_migrator.dispatch import (
     is_finished,
     migration_resource,
     plan_dispatch,
+    presumed_dead,
 )
 from storage_migrator.models import (
     StorageVersionMigration,
@@ -358,3 +359,25 @@ def test_dispatch_does_not_depend_on_input_order(
         list(reversed(migrations)), now=NOW, max_parallel=max_parallel, lease_seconds=LEASE, active=active
     )
     assert forward == backward
+
+
+# Issue 14: a worker killed with its flow runs leaves them Running in Prefect for ever;
+# the lease says when the dispatcher may mark one Crashed and resume its request.
+LONG_AGO = NOW - timedelta(seconds=LEASE + 1)
+DEAD_ROWS = [
+    ("no checkpoint for a lease, run Running for longer: dead", svm("a", "secrets", state="running"), LONG_AGO, True),
+    ("a checkpoint within the lease: alive", svm("a", "secrets", state="running", updated=FRESH), LONG_AGO, False),
+    ("run taken within the lease (not yet marked Running): alive", svm("a", "secrets", state="running"),
+     NOW - timedelta(seconds=10), False),
+    ("run not taken by a worker (waits for one)", svm("a", "secrets", state="running"), None, False),
+    ("never marked Running for a whole lease: dead", svm("a", "secrets"), LONG_AGO, True),
+    ("request succeeded: the run is wrapping up", svm("a", "secrets", state="succeeded"), LONG_AGO, False),
+    ("request failed: the run is wrapping up", svm("a", "secrets", state="failed"), LONG_AGO, False),
+    ("request deleted: the run cancels itself", None, LONG_AGO, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "migration", "started", "dead"), DEAD_ROWS, ids=[r[0] for r in DEAD_ROWS])
+def test_presumed_dead(rule: str, migration: StorageVersionMigration | None, started: datetime | None,
+                       dead: bool) -> None:  # fmt: skip
+    assert presumed_dead(migration, claimed_at=started, now=NOW, lease_seconds=LEASE) is dead, rule

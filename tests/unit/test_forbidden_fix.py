@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pickle
 
+from storage_migrator.failures import DENIED_PREFIX
 from storage_migrator.kube.errors import RBAC_FIX, Forbidden, error_from_answer
 from storage_migrator.migrations import failure_summary
 from storage_migrator.models import ObjectFailure
@@ -43,11 +44,12 @@ def test_an_admission_denial_is_no_missing_permission() -> None:
 
 
 def test_a_migration_whose_writes_are_denied_says_what_is_missing() -> None:
-    """The per-object messages are cut at 120 characters; the permission is named whole."""
+    """A denial is recorded as the permission it names (no content: issue 12 item 6) and
+    summed up with its fix."""
     failures = [ObjectFailure(namespace="ns", name=f"a{i}", code=403, reason="Forbidden",
-                              message=f'configmaps "a{i}" is forbidden: {DENIAL}') for i in range(5)]  # fmt: skip
+                              message=f"{DENIED_PREFIX}{DENIAL}") for i in range(5)]  # fmt: skip
     summary = failure_summary(failures, 5)
-    assert summary.startswith("5 object(s) could not be rewritten: ns/a0 (403 Forbidden: ")
+    assert summary.startswith(f"5 object(s) could not be rewritten: ns/a0 (403 Forbidden: {DENIED_PREFIX}User ")
     assert summary.endswith(f". Forbidden: {DENIAL}; {RBAC_FIX}")
     invalid = [ObjectFailure(namespace="ns", name="b", code=422, reason="Invalid", message="bad")]
     assert RBAC_FIX not in failure_summary(invalid, 1)

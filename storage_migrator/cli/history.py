@@ -1,0 +1,140 @@
+"""``storage-migrator history [RESOURCE] [--since]``: past migration runs, from the ledger.
+
+Issue 12: outcome, who asked, counters, and the flow run with its Prefect UI
+URL. The ledger may have a gap (the database was down longer than the writer
+retried): its gap rows are listed, and the cluster's StorageVersionMigration
+objects that ran with no run row in the ledger are listed too (the Kubernetes
+objects are the source of truth; the ledger only their history).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
+
+import typer
+
+from storage_migrator.cli.options import kube_api, settings_of
+from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
+from storage_migrator.ledger import queries
+from storage_migrator.ledger.database import ledger_engine
+from storage_migrator.ledger.queries import Gap, RunHistory, UnrecordedMigration
+from storage_migrator.ledger.recorder import requested_by
+from storage_migrator.migrations import list_migrations
+from storage_migrator.models import MIGRATIONS_KIND_NAME
+
+__all__ = ["command", "parse_since"]
+
+HEADERS = ["STARTED", "RESOURCE", "MIGRATION", "REQUESTED BY", "OUTCOME", "DURATION", "LISTED", "REWRITTEN",
+           "FAILED", "FLOW RUN"]  # fmt: skip
+_AGO = re.compile(r"^(\d+)([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def parse_since(text: str, *, now: datetime) -> datetime:
+    """``7d``, ``12h``, ``30m``, ``90s`` ago, or an ISO 8601 date or time (UTC unless it says)."""
+    if match := _AGO.match(text.strip()):
+        return now - timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise typer.BadParameter(f"{text!r}: use a duration (7d, 12h, 30m) or a date (2026-11-20, "
+                                 "2026-11-20T10:00:00Z)", param_hint="--since") from exc  # fmt: skip
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _unrecorded_row(u: UnrecordedMigration, labels: dict[str, str] | None, progress: Any) -> dict[str, Any]:
+    counters = {k: getattr(progress, k, 0) if progress else 0
+                for k in ("listed", "rewritten", "unchanged", "gone", "conflicted", "failed", "chunks")}  # fmt: skip
+    return {"kind": "unrecorded", "run_id": None, "migration": u.migration, "migration_uid": u.migration_uid,
+            "resource": u.resource, "version": None, "target_storage_version_hash": None, "encryption_key": None,
+            "requested_by": requested_by(labels), "flow_run_id": None, "flow_run_url": None,
+            "started_at": u.started_at, "finished_at": u.finished_at, "duration_seconds": None,
+            "outcome": u.phase.lower(), "reason": "NotInLedger",
+            "message": f"{MIGRATIONS_KIND_NAME}/{u.migration} ran but the ledger has no run of it "
+                       "(the database was unreachable): counters from the object's status",
+            **counters, "passes": 1}  # fmt: skip
+
+
+def _gap_row(g: Gap) -> dict[str, Any]:
+    kinds = ", ".join(f"{n} {k}" for k, n in g.kinds.items())
+    row: dict[str, Any] = {key: None for key in RunHistory.model_fields}
+    row.update(kind="gap", resource=",".join(g.resources), started_at=g.first_lost_at, finished_at=g.last_lost_at,
+               outcome="gap", reason="LedgerGap", message=f"{g.rows_lost} ledger rows not written ({kinds}): {g.reason}",
+               listed=0, rewritten=0, unchanged=0, gone=0, conflicted=0, failed=0, chunks=0, passes=0)  # fmt: skip
+    return row
+
+
+def _unrecorded(ctx: typer.Context, recorded: set[str], resource: str | None, since: datetime | None) -> list[Any]:
+    """The cluster's requests that ran with no run row; [] with a warning when the cluster cannot be read."""
+    try:
+        with kube_api(settings_of(ctx)) as api:
+            requests = list_migrations(api)
+    except Exception as exc:  # noqa: BLE001 - the ledger's answer stands on its own; say what was not checked
+        print(f"warning: could not list {MIGRATIONS_KIND_NAME} to find runs missing from the ledger: {exc}",
+              file=sys.stderr)  # fmt: skip
+        return []
+    by_uid = {m.metadata.uid: m for m in requests}
+    out = []
+    for u in queries.unrecorded_migrations(requests, recorded, since=since):
+        if resource and u.resource != resource:
+            continue
+        m = by_uid[u.migration_uid]
+        out.append(_unrecorded_row(u, m.metadata.labels, m.status.progress))
+    return out
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, float):
+        return f"{value:.1f}s"
+    return str(value)
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    return render_table(HEADERS, [
+        [_cell(r["started_at"]), _cell(r["resource"]), _cell(r["migration"]), _cell(r["requested_by"]),
+         _cell(r["outcome"]), _cell(r["duration_seconds"]), _cell(r["listed"]), _cell(r["rewritten"]),
+         _cell(r["failed"]), _cell(r["flow_run_url"] or r["flow_run_id"])]
+        for r in rows
+    ])  # fmt: skip
+
+
+def command(
+    ctx: typer.Context,
+    resource: Annotated[str | None, typer.Argument(help="only this resource: <resource> or <resource>.<group>")] = None,
+    since: Annotated[str | None, typer.Option(help="only runs since: 7d, 12h, 30m, or a date (UTC)")] = None,
+    limit: Annotated[int, typer.Option(min=1, help="at most this many runs, newest first")] = 1000,
+    cluster: Annotated[bool, typer.Option(help="cross-check the cluster's requests for runs the ledger missed")] = True,
+    output: Output = OutputFormat.table,
+) -> None:
+    """Past migration runs from the ledger, newest first: outcome, who asked, counters, the flow run and its UI URL.
+
+    The ledger is STORAGE_MIGRATOR_DATABASE_URL; flow-run links need STORAGE_MIGRATOR_PREFECT_UI_URL or PREFECT_UI_URL. Gaps in the ledger and requests that ran without a run row are listed too (kind gap / unrecorded). Exit codes: 0 done; 1 the ledger could not be read.
+    """
+    settings = settings_of(ctx)
+    after = parse_since(since, now=datetime.now(UTC)) if since else None
+    name = resource.lower() if resource else None
+    try:
+        engine = ledger_engine(settings.database_url)
+        runs = queries.history(engine, resource=name, since=after, ui_url=settings.prefect_ui_url, limit=limit)
+        gaps = queries.gaps(engine, since=after)
+        recorded = queries.recorded_uids(engine)
+    except Exception as exc:
+        print(f"storage-migrator: the ledger at {settings.database_url!r} could not be read: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from exc
+    rows: list[dict[str, Any]] = [{"kind": "run", **r.model_dump()} for r in runs]
+    rows += [_gap_row(g) for g in gaps if not name or not g.resources or name in g.resources]
+    rows += _unrecorded(ctx, recorded, name, after) if cluster else []
+    rows.sort(key=lambda r: r["started_at"] or r["finished_at"] or datetime.min.replace(tzinfo=UTC), reverse=True)
+    for row in rows:
+        if row["kind"] != "run":
+            print(f"warning: {row['message']}", file=sys.stderr)
+    data = [{k: (v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v) for k, v in r.items()}
+            for r in rows]  # fmt: skip
+    emit(output, data, lambda: _table(rows))

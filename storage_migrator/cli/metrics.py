@@ -1,0 +1,54 @@
+"""``storage-migrator metrics --port N``: Prometheus metrics from the ledger and the cluster.
+
+Issue 12, item 3: every value is computed at scrape time by
+`storage_migrator.metrics.MigratorCollector`, so one metrics server counts the
+work of every worker. It serves until interrupted (Ctrl-C, SIGTERM).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from typing import Annotated
+
+import typer
+from prometheus_client import CollectorRegistry, start_http_server
+
+from storage_migrator.cli.options import kube_api, settings_of
+from storage_migrator.metrics import MigratorCollector
+from storage_migrator.migrations import list_migrations
+from storage_migrator.models import StorageVersionMigration
+
+__all__ = ["command"]
+
+
+def command(
+    ctx: typer.Context,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port to serve /metrics on")] = 9309,
+    address: Annotated[str, typer.Option(help="address to listen on (0.0.0.0: every interface)")] = "0.0.0.0",
+    cluster: Annotated[bool, typer.Option(help="also read the cluster's StorageVersionMigrations")] = True,
+) -> None:
+    """Serve Prometheus metrics on http://ADDRESS:PORT/metrics, computed from the ledger and the cluster at each scrape.
+
+    See docs/observability.md for the metrics and example PromQL. Runs until interrupted; exit code 0.
+    """
+    settings = settings_of(ctx)
+
+    def list_requests() -> list[StorageVersionMigration]:
+        with kube_api(settings) as api:
+            return list_migrations(api)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MigratorCollector(settings.database_url, list_requests if cluster else None))
+    server, thread = start_http_server(port, addr=address, registry=registry)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"serving metrics on http://{address}:{port}/metrics", file=sys.stderr, flush=True)
+    try:
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)

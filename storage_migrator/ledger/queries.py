@@ -1,0 +1,264 @@
+"""Reading the ledger: past runs, gaps, the last full migration, and the aggregates metrics need.
+
+Design decision: every query returns pydantic models with stable field names,
+which `storage-migrator history -o json` prints as they are (docs/observability.md
+documents them). A run is its start row joined with its outcome row in Python
+(the two are appended independently, so either may be missing after an outage).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
+
+from storage_migrator.ledger.schema import ChunkRow, GapRow, PollRow, RunOutcomeRow, RunRow, StateChangeRow
+from storage_migrator.models import StorageVersionMigration, phase_from_conditions, storage_state_name
+
+__all__ = [
+    "Gap",
+    "LastPoll",
+    "ObjectCounts",
+    "RunHistory",
+    "StateChangeEntry",
+    "UnrecordedMigration",
+    "finished_durations",
+    "gaps",
+    "history",
+    "last_full_migration",
+    "last_poll",
+    "object_counts",
+    "recorded_uids",
+    "state_changes",
+    "unrecorded_migrations",
+]
+
+OUTCOME_COUNTERS = ("rewritten", "unchanged", "gone", "conflicted", "failed")
+
+
+class RunHistory(BaseModel):
+    """One migration run as `history` shows it (JSON keys are stable: docs/observability.md)."""
+
+    run_id: str
+    migration: str
+    migration_uid: str
+    resource: str
+    version: str | None = Field(description="None when the run's start row was lost in an outage.")
+    target_storage_version_hash: str | None
+    encryption_key: str | None
+    requested_by: str | None = Field(description="detection, initializer, rotation, manual or the label's value.")
+    flow_run_id: str | None
+    flow_run_url: str | None = Field(description="<PREFECT_UI_URL>/runs/flow-run/<id> when the UI URL is known.")
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_seconds: float | None
+    outcome: str = Field(description="succeeded, failed, cancelled, crashed, or running (no outcome row yet).")
+    reason: str
+    message: str
+    listed: int
+    rewritten: int
+    unchanged: int
+    gone: int
+    conflicted: int
+    failed: int
+    chunks: int
+    passes: int
+
+
+class Gap(BaseModel):
+    """Rows a writer could not write: history between first_lost_at and last_lost_at is incomplete."""
+
+    recorded_at: datetime
+    first_lost_at: datetime
+    last_lost_at: datetime
+    rows_lost: int
+    kinds: dict[str, int]
+    resources: list[str]
+    reason: str
+
+
+class UnrecordedMigration(BaseModel):
+    """A StorageVersionMigration that ran (it has a start time) but has no run in the ledger."""
+
+    migration: str
+    migration_uid: str
+    resource: str
+    phase: str
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class StateChangeEntry(BaseModel):
+    """One StorageState created or changed by detection: which hashes may be in etcd, before and after."""
+
+    recorded_at: datetime
+    state: str
+    action: str
+    old_current_hash: str | None
+    new_current_hash: str | None
+    old_persisted: list[str]
+    new_persisted: list[str]
+    reason: str
+    flow_run_id: str | None
+
+
+class ObjectCounts(BaseModel):
+    """Objects handled per resource and outcome, summed over every chunk every worker recorded."""
+
+    resource: str
+    outcome: str
+    objects: int
+
+
+class LastPoll(BaseModel):
+    finished_at: datetime
+    duration_seconds: float
+
+
+def _url(ui_url: str | None, flow_run_id: str | None) -> str | None:
+    if not ui_url or not flow_run_id:
+        return None
+    return f"{ui_url.rstrip('/')}/runs/flow-run/{flow_run_id}"
+
+
+def _merge(start: RunRow | None, end: RunOutcomeRow | None, ui_url: str | None) -> RunHistory:
+    first = start if start is not None else end
+    assert first is not None
+    duration = (end.finished_at - start.started_at).total_seconds() if start and end else None
+    counters = {name: getattr(end, name) if end else 0 for name in ("listed", *OUTCOME_COUNTERS)}
+    return RunHistory(
+        run_id=first.run_id, migration=first.migration, migration_uid=first.migration_uid, resource=first.resource,
+        version=start.version if start else None,
+        target_storage_version_hash=start.target_storage_version_hash if start else None,
+        encryption_key=start.encryption_key if start else None,
+        requested_by=start.requested_by if start else None,
+        flow_run_id=start.flow_run_id if start else None,
+        flow_run_url=_url(ui_url, start.flow_run_id if start else None),
+        started_at=start.started_at if start else None, finished_at=end.finished_at if end else None,
+        duration_seconds=duration, outcome=end.outcome if end else "running",
+        reason=end.reason if end else "", message=end.message if end else "",
+        chunks=end.chunks if end else 0, passes=end.passes if end else 1, **counters,
+    )  # fmt: skip
+
+
+def history(
+    engine: Engine,
+    *,
+    resource: str | None = None,
+    since: datetime | None = None,
+    ui_url: str | None = None,
+    limit: int = 1000,
+) -> list[RunHistory]:
+    """Runs newest first: those started (or, start row lost, finished) since `since`, of `resource` if given."""
+    with Session(engine) as session:
+        runs = select(RunRow).order_by(RunRow.started_at.desc()).limit(limit)
+        if resource:
+            runs = runs.where(RunRow.resource == resource)
+        if since:
+            runs = runs.where(RunRow.started_at >= since)
+        starts = {row.run_id: row for row in session.scalars(runs)}
+        outcomes = select(RunOutcomeRow).where(RunOutcomeRow.run_id.in_(starts)) if starts else None
+        ends = {row.run_id: row for row in session.scalars(outcomes)} if outcomes is not None else {}
+        orphans = select(RunOutcomeRow).where(RunOutcomeRow.run_id.not_in(select(RunRow.run_id)))
+        if resource:
+            orphans = orphans.where(RunOutcomeRow.resource == resource)
+        if since:
+            orphans = orphans.where(RunOutcomeRow.finished_at >= since)
+        lone = list(session.scalars(orphans.limit(limit)))
+        out = [_merge(start, ends.get(run_id), ui_url) for run_id, start in starts.items()]
+        out += [_merge(None, end, ui_url) for end in lone]
+    out.sort(key=lambda r: r.started_at or r.finished_at or datetime.min, reverse=True)
+    return out[:limit]
+
+
+def gaps(engine: Engine, *, since: datetime | None = None) -> list[Gap]:
+    with Session(engine) as session:
+        query = select(GapRow).order_by(GapRow.recorded_at.desc())
+        if since:
+            query = query.where(GapRow.last_lost_at >= since)
+        return [Gap(recorded_at=g.recorded_at, first_lost_at=g.first_lost_at, last_lost_at=g.last_lost_at,
+                    rows_lost=g.rows_lost, kinds=json.loads(g.kinds), resources=json.loads(g.resources),
+                    reason=g.reason) for g in session.scalars(query)]  # fmt: skip
+
+
+def state_changes(engine: Engine, *, state: str | None = None, since: datetime | None = None) -> list[StateChangeEntry]:
+    """StorageState changes, oldest first (the order they happened in)."""
+    with Session(engine) as session:
+        query = select(StateChangeRow).order_by(StateChangeRow.recorded_at, StateChangeRow.id)
+        if state:
+            query = query.where(StateChangeRow.state == state)
+        if since:
+            query = query.where(StateChangeRow.recorded_at >= since)
+        return [StateChangeEntry(recorded_at=r.recorded_at, state=r.state, action=r.action,
+                                 old_current_hash=r.old_current_hash, new_current_hash=r.new_current_hash,
+                                 old_persisted=json.loads(r.old_persisted), new_persisted=json.loads(r.new_persisted),
+                                 reason=r.reason, flow_run_id=r.flow_run_id) for r in session.scalars(query)]  # fmt: skip
+
+
+def last_full_migration(engine: Engine, resource: str, *, ui_url: str | None = None) -> RunHistory | None:
+    """DESIGN 4.9: "when was this resource last fully migrated, and to which version"."""
+    with Session(engine) as session:
+        end = session.scalars(
+            select(RunOutcomeRow)
+            .where(RunOutcomeRow.resource == resource, RunOutcomeRow.outcome == "succeeded")
+            .order_by(RunOutcomeRow.finished_at.desc())
+            .limit(1)
+        ).first()
+        if end is None:
+            return None
+        return _merge(session.get(RunRow, end.run_id), end, ui_url)
+
+
+def unrecorded_migrations(
+    migrations: Iterable[StorageVersionMigration], recorded_uids: set[str], *, since: datetime | None = None
+) -> list[UnrecordedMigration]:
+    """Requests that ran (status.startedAt) with no run row: the ledger missed them (issue 12's gap check)."""
+    out = []
+    for m in migrations:
+        uid = m.metadata.uid or ""
+        started = m.status.started_at
+        if not started or uid in recorded_uids or (since and started < since):
+            continue
+        r = m.spec.resource
+        out.append(UnrecordedMigration(migration=m.metadata.name or "", migration_uid=uid,
+                                       resource=storage_state_name(r.group, r.resource),
+                                       phase=phase_from_conditions(m.status.conditions), started_at=started,
+                                       finished_at=m.status.finished_at))  # fmt: skip
+    return sorted(out, key=lambda u: u.started_at or datetime.min, reverse=True)
+
+
+def recorded_uids(engine: Engine) -> set[str]:
+    """The uid of every request that has a run row."""
+    with Session(engine) as session:
+        return set(session.scalars(select(RunRow.migration_uid).distinct()))
+
+
+def object_counts(engine: Engine) -> list[ObjectCounts]:
+    """storage_migrator_objects_total: every chunk's counters, per resource and outcome."""
+    sums = [func.coalesce(func.sum(getattr(ChunkRow, name)), 0) for name in OUTCOME_COUNTERS]
+    with Session(engine) as session:
+        rows = session.execute(select(ChunkRow.resource, *sums).group_by(ChunkRow.resource)).all()
+    return [ObjectCounts(resource=row[0], outcome=name, objects=int(row[i + 1]))
+            for row in rows for i, name in enumerate(OUTCOME_COUNTERS)]  # fmt: skip
+
+
+def finished_durations(engine: Engine) -> list[float]:
+    """Seconds from start to end of every run with both rows (storage_migrator_migration_duration_seconds)."""
+    with Session(engine) as session:
+        rows = session.execute(
+            select(RunRow.started_at, RunOutcomeRow.finished_at).join(
+                RunOutcomeRow, RunOutcomeRow.run_id == RunRow.run_id
+            )
+        ).all()
+    return [max(0.0, (end - start).total_seconds()) for start, end in rows]
+
+
+def last_poll(engine: Engine) -> LastPoll | None:
+    with Session(engine) as session:
+        row = session.scalars(select(PollRow).order_by(PollRow.finished_at.desc()).limit(1)).first()
+        return LastPoll(finished_at=row.finished_at, duration_seconds=row.duration_seconds) if row else None

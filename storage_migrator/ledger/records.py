@@ -1,0 +1,136 @@
+"""What the migrator hands the ledger writer: one pydantic model per row kind.
+
+Design decision: the flows and tasks build these plain values (validated where
+they are made, so a bad value fails in a test, not in a background thread),
+and only the writer turns them into ORM rows, in its own thread and session.
+Names, tokens, hashes and counters only: there is no field an object body fits
+in (DESIGN 8).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage_migrator.ledger.schema import Base, ChunkRow, PollRow, RunOutcomeRow, RunRow, StateChangeRow
+
+__all__ = ["ChunkRecord", "LedgerRecord", "Outcome", "PollRecord", "RunFinished", "RunStarted", "StateChange"]
+
+#: How a run ended: the StorageVersionMigration's verdict, or that the run itself stopped.
+Outcome = Literal["succeeded", "failed", "cancelled", "crashed"]
+
+
+class LedgerRecord(BaseModel):
+    """One row to append; `kind` names it in logs and gap rows."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: ClassVar[str] = "row"
+    table: ClassVar[type[Base]]
+
+    def to_row(self) -> Base:
+        return self.table(**self.model_dump())
+
+    @property
+    def resource_name(self) -> str | None:
+        """The resource the row is about, if any (listed in a gap row)."""
+        return getattr(self, "resource", None)
+
+
+class Counted(LedgerRecord):
+    listed: int = Field(default=0, ge=0)
+    rewritten: int = Field(default=0, ge=0)
+    unchanged: int = Field(default=0, ge=0)
+    gone: int = Field(default=0, ge=0)
+    conflicted: int = Field(default=0, ge=0)
+    failed: int = Field(default=0, ge=0)
+
+
+class RunStarted(LedgerRecord):
+    kind: ClassVar[str] = "run"
+    table: ClassVar[type[Base]] = RunRow
+
+    run_id: str
+    migration: str
+    migration_uid: str
+    resource: str = Field(description="`<resource>.<group>`, or `<resource>` for core.")
+    version: str
+    target_storage_version_hash: str | None = None
+    encryption_key: str | None = None
+    requested_by: str
+    flow_run_id: str | None = None
+    started_at: datetime
+    resumed_from_token: bool = False
+
+
+class RunFinished(Counted):
+    kind: ClassVar[str] = "outcome"
+    table: ClassVar[type[Base]] = RunOutcomeRow
+
+    run_id: str
+    migration: str
+    migration_uid: str
+    resource: str
+    finished_at: datetime
+    outcome: Outcome
+    reason: str = ""
+    message: str = Field(default="", max_length=4000)
+    chunks: int = Field(default=0, ge=0)
+    passes: int = Field(default=1, ge=1)
+
+
+class ChunkRecord(Counted):
+    kind: ClassVar[str] = "chunk"
+    table: ClassVar[type[Base]] = ChunkRow
+
+    run_id: str
+    resource: str
+    sequence: int = Field(ge=1)
+    token_in: str | None
+    token_out: str | None
+    retries: int = Field(default=0, ge=0)
+    relisted: int = Field(default=0, ge=0)
+    duration_seconds: float = Field(ge=0)
+    recorded_at: datetime
+
+
+class StateChange(LedgerRecord):
+    kind: ClassVar[str] = "state_change"
+    table: ClassVar[type[Base]] = StateChangeRow
+
+    recorded_at: datetime
+    state: str = Field(description="The StorageState's name: `<resource>.<group>` or `<resource>`.")
+    action: Literal["created", "updated"]
+    old_current_hash: str | None = None
+    new_current_hash: str | None = None
+    old_persisted: list[str] = Field(default_factory=list)
+    new_persisted: list[str] = Field(default_factory=list)
+    reason: str = ""
+    flow_run_id: str | None = None
+
+    def to_row(self) -> Base:
+        data = self.model_dump()
+        data["old_persisted"] = json.dumps(self.old_persisted)
+        data["new_persisted"] = json.dumps(self.new_persisted)
+        return StateChangeRow(**data)
+
+    @property
+    def resource_name(self) -> str | None:
+        return self.state
+
+
+class PollRecord(LedgerRecord):
+    kind: ClassVar[str] = "poll"
+    table: ClassVar[type[Base]] = PollRow
+
+    started_at: datetime
+    finished_at: datetime
+    duration_seconds: float = Field(ge=0)
+    resources_seen: int = Field(ge=0)
+    changes: int = Field(ge=0)
+    requests_made: int = Field(ge=0)
+    errors: int = Field(default=0, ge=0)
+    flow_run_id: str | None = None

@@ -1,0 +1,160 @@
+"""The ledger's tables, as a typed SQLAlchemy 2 ORM (DESIGN 4.9).
+
+Design decision: every table is append-only. A run is two rows, written when
+they happen: `migration_runs` when it starts and `run_outcomes` when it ends,
+so nothing is ever updated and a run without an outcome is visibly one that is
+still going or died. Rows refer to their run by a client-made id, without a
+foreign key: when the database was down at a run's start, its chunks and
+outcome still land (the gap is recorded in `ledger_gaps`). Tokens and counters
+only, never object contents (DESIGN 8).
+
+Changing a table means a new Alembic revision in `schema_migrations/versions/`.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Float, Integer, String, Text
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+__all__ = ["Base", "ChunkRow", "GapRow", "PollRow", "RunOutcomeRow", "RunRow", "StateChangeRow", "UtcDateTime"]
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in and out, whatever the database keeps (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: the ledger stores UTC times only")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Counters:
+    """The object counters of seed 002's outcomes (DESIGN 4.5 table), shared by chunk and outcome rows."""
+
+    listed: Mapped[int] = mapped_column(Integer, default=0)
+    rewritten: Mapped[int] = mapped_column(Integer, default=0)
+    unchanged: Mapped[int] = mapped_column(Integer, default=0)
+    gone: Mapped[int] = mapped_column(Integer, default=0)
+    conflicted: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class RunRow(Base):
+    """One migration run (one flow run of migrate-resource), written when it starts."""
+
+    __tablename__ = "migration_runs"
+
+    run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    migration: Mapped[str] = mapped_column(String(253), index=True)
+    migration_uid: Mapped[str] = mapped_column(String(64), index=True)
+    resource: Mapped[str] = mapped_column(String(253), index=True)
+    version: Mapped[str] = mapped_column(String(63))
+    target_storage_version_hash: Mapped[str | None] = mapped_column(String(64))
+    encryption_key: Mapped[str | None] = mapped_column(String(253))
+    requested_by: Mapped[str] = mapped_column(String(63))
+    flow_run_id: Mapped[str | None] = mapped_column(String(36))
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    resumed_from_token: Mapped[bool] = mapped_column(default=False)
+
+
+class RunOutcomeRow(Counters, Base):
+    """How a run ended, written when it ends (the run's identity is repeated: see the module docstring)."""
+
+    __tablename__ = "run_outcomes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(36), index=True)
+    migration: Mapped[str] = mapped_column(String(253))
+    migration_uid: Mapped[str] = mapped_column(String(64))
+    resource: Mapped[str] = mapped_column(String(253), index=True)
+    finished_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(128), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    chunks: Mapped[int] = mapped_column(Integer, default=0)
+    passes: Mapped[int] = mapped_column(Integer, default=1)
+
+
+class ChunkRow(Counters, Base):
+    """One settled chunk of a run, written after its checkpoint: tokens and counters only."""
+
+    __tablename__ = "migration_chunks"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(36), index=True)
+    resource: Mapped[str] = mapped_column(String(253), index=True)
+    sequence: Mapped[int] = mapped_column(Integer)
+    token_in: Mapped[str | None] = mapped_column(Text)
+    token_out: Mapped[str | None] = mapped_column(Text)
+    retries: Mapped[int] = mapped_column(Integer, default=0)
+    relisted: Mapped[int] = mapped_column(Integer, default=0)
+    duration_seconds: Mapped[float] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class StateChangeRow(Base):
+    """One StorageState created or updated by a detection poll."""
+
+    __tablename__ = "state_changes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    recorded_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    state: Mapped[str] = mapped_column(String(253), index=True)
+    action: Mapped[str] = mapped_column(String(16))
+    old_current_hash: Mapped[str | None] = mapped_column(String(64))
+    new_current_hash: Mapped[str | None] = mapped_column(String(64))
+    old_persisted: Mapped[str] = mapped_column(Text, default="[]")
+    new_persisted: Mapped[str] = mapped_column(Text, default="[]")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    flow_run_id: Mapped[str | None] = mapped_column(String(36))
+
+
+class PollRow(Base):
+    """One detection poll: what it saw and did."""
+
+    __tablename__ = "detection_polls"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    finished_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    duration_seconds: Mapped[float] = mapped_column(Float)
+    resources_seen: Mapped[int] = mapped_column(Integer)
+    changes: Mapped[int] = mapped_column(Integer)
+    requests_made: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[int] = mapped_column(Integer, default=0)
+    flow_run_id: Mapped[str | None] = mapped_column(String(36))
+
+
+class GapRow(Base):
+    """Rows a writer could not write (database unreachable for too long, queue full): the gap is the record."""
+
+    __tablename__ = "ledger_gaps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    recorded_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
+    first_lost_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    last_lost_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    rows_lost: Mapped[int] = mapped_column(Integer)
+    kinds: Mapped[str] = mapped_column(Text)
+    resources: Mapped[str] = mapped_column(Text, default="[]")
+    reason: Mapped[str] = mapped_column(Text)

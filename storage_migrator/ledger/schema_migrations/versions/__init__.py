@@ -1,0 +1,1 @@
+"""The ledger's schema revisions, oldest first (`rNNNN_<what>.py`)."""

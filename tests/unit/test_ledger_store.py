@@ -1,0 +1,224 @@
+"""The ledger on its own (storage_migrator/ledger/): schema, writer, gaps, queries, on real SQLite files.
+
+Issue 12: "A ledger outage never fails or blocks a migration: the write is
+retried in the background, logged, and the gap shows in `history`".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+
+from storage_migrator.chunks import ChunkResult
+from storage_migrator.cli.history import parse_since
+from storage_migrator.ledger import queries
+from storage_migrator.ledger.database import (
+    LedgerConfigError,
+    engine_for,
+    head_revision,
+    ledger_engine,
+    schema_revision,
+)
+from storage_migrator.ledger.recorder import RunRecorder, encryption_key_of, requested_by
+from storage_migrator.ledger.records import PollRecord, StateChange
+from storage_migrator.ledger.writer import LedgerWriter, WriterOptions
+from storage_migrator.models import (
+    GroupVersionResource,
+    MigrationProgress,
+    ObjectMeta,
+    StorageVersionMigration,
+    StorageVersionMigrationSpec,
+    StorageVersionMigrationStatus,
+)
+
+TABLES = {"migration_runs", "run_outcomes", "migration_chunks", "state_changes", "detection_polls", "ledger_gaps"}
+
+
+def _url(path: Path) -> str:
+    return f"sqlite:///{path}"
+
+
+def _run(writer: LedgerWriter, *, resource: str = "secrets", uid: str = "uid-1") -> RunRecorder:
+    rec = RunRecorder.begin(writer, migration=f"{resource}-abcde", migration_uid=uid, resource=resource, version="v1",
+                            target_hash="hash2", encryption_key=None, requested_by="manual", flow_run_id="fr-1")  # fmt: skip
+    rec.started(resumed=False)
+    return rec
+
+
+def test_alembic_upgrade_from_an_empty_database_creates_every_table(tmp_path: Path) -> None:
+    """Issue 12: "schema migrations with Alembic, applied automatically on first use"."""
+    engine = engine_for(_url(tmp_path / "empty.db"))
+    with engine.connect() as conn:
+        assert schema_revision(conn) is None
+    ledger_engine(_url(tmp_path / "empty.db"))
+    with engine.connect() as conn:
+        assert schema_revision(conn) == head_revision()
+        assert set(inspect(conn).get_table_names()) >= TABLES
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+
+
+def test_a_ledger_written_by_a_newer_version_is_refused_with_the_fix(tmp_path: Path) -> None:
+    url = _url(tmp_path / "newer.db")
+    ledger_engine(url)
+    with engine_for(url).begin() as conn:
+        conn.exec_driver_sql("UPDATE ledger_schema_version SET version_num = 'r9999'")
+    other = f"sqlite:///{tmp_path}/./newer.db"  # another URL string: checked afresh, as in a new process
+    with pytest.raises(LedgerConfigError, match=r"r9999.*upgrade storage-migrator"):
+        ledger_engine(other)
+
+
+def test_a_url_that_is_not_a_database_names_the_setting() -> None:
+    with pytest.raises(LedgerConfigError, match="STORAGE_MIGRATOR_DATABASE_URL"):
+        engine_for("mysql://somewhere/ledger")
+
+
+def test_a_run_its_chunks_and_its_outcome_read_back_as_history(tmp_path: Path) -> None:
+    url = _url(tmp_path / "l.db")
+    writer = LedgerWriter(url)
+    rec = _run(writer)
+    rec.chunk(ChunkResult(token_in=None, token_out="t1", listed=2, rewritten=2), duration_seconds=0.5,
+              progress=MigrationProgress(listed=2, rewritten=2, chunks=1))  # fmt: skip
+    rec.chunk(ChunkResult(token_in="t1", token_out=None, listed=1, unchanged=1), duration_seconds=0.25,
+              progress=MigrationProgress(listed=3, rewritten=2, unchanged=1, chunks=2))  # fmt: skip
+    rec.ended("succeeded", rec.progress, reason="Completed")
+    rec.ended("failed", rec.progress)  # the first verdict is the run's
+    assert writer.flush(10)
+    engine = ledger_engine(url)
+    [run] = queries.history(engine, ui_url="http://ui:4200/")
+    assert (run.outcome, run.requested_by, run.listed, run.rewritten, run.unchanged, run.chunks) == (
+        "succeeded", "manual", 3, 2, 1, 2)  # fmt: skip
+    assert run.flow_run_url == "http://ui:4200/runs/flow-run/fr-1"
+    assert run.duration_seconds is not None and run.duration_seconds >= 0
+    counts = {(c.resource, c.outcome): c.objects for c in queries.object_counts(engine)}
+    assert counts[("secrets", "rewritten")] == 2 and counts[("secrets", "unchanged")] == 1
+    last = queries.last_full_migration(engine, "secrets")
+    assert last is not None and last.target_storage_version_hash == "hash2"
+    assert queries.history(engine, resource="configmaps") == []
+    assert queries.history(engine, since=datetime.now(UTC) + timedelta(hours=1)) == []
+
+
+def test_an_outage_longer_than_the_retries_leaves_a_gap_row_when_the_database_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The writer never raises and never waits; rows it gave up on become one gap row."""
+    missing = tmp_path / "not-yet"
+    url = _url(missing / "ledger.db")  # SQLite cannot open a file in a directory that does not exist
+    writer = LedgerWriter(url, WriterOptions(retry_seconds=0.5))
+    with caplog.at_level(logging.WARNING, logger="storage_migrator.ledger"):
+        rec = _run(writer)
+        rec.ended("succeeded", MigrationProgress(listed=1, rewritten=1))
+        assert writer.flush(10)
+    assert writer.lost_rows == 2
+    assert "unreachable" in caplog.text and "not written" in caplog.text
+    missing.mkdir()
+    writer.submit(PollRecord(started_at=datetime.now(UTC), finished_at=datetime.now(UTC), duration_seconds=0.1,
+                             resources_seen=3, changes=0, requests_made=0))  # fmt: skip
+    assert writer.flush(10) and writer.lost_rows == 0
+    engine = ledger_engine(url)
+    [gap] = queries.gaps(engine)
+    assert gap.rows_lost == 2 and gap.kinds == {"outcome": 1, "run": 1} and gap.resources == ["secrets"]
+    assert "unable to open database file" in gap.reason
+    assert queries.last_poll(engine) is not None
+
+
+def test_a_full_queue_loses_rows_without_waiting(tmp_path: Path) -> None:
+    url = _url(tmp_path / "q.db")
+    writer = LedgerWriter(url, WriterOptions(queue_size=1))
+    gate = threading.Event()
+    # Hold the writer thread on its first row so the queue fills behind it.
+    original = writer._write
+    writer._write = lambda batch: (gate.wait(10), original(batch))[1]  # type: ignore[method-assign]
+    for i in range(5):
+        writer.submit(PollRecord(started_at=datetime.now(UTC), finished_at=datetime.now(UTC), duration_seconds=i,
+                                 resources_seen=1, changes=0, requests_made=0))  # fmt: skip
+    gate.set()
+    assert writer.flush(10)
+    [gap] = queries.gaps(ledger_engine(url))
+    assert gap.rows_lost >= 3 and "queue is full" in gap.reason
+
+
+def test_a_row_the_database_refuses_does_not_take_the_others_with_it(tmp_path: Path) -> None:
+    url = _url(tmp_path / "r.db")
+    writer = LedgerWriter(url)
+    rec = _run(writer)
+    rec.started(resumed=False)
+    twin = RunRecorder(writer, rec.start.model_copy())  # same run_id: the primary key refuses it
+    twin.announced = False
+    twin.started(resumed=False)
+    writer.submit(StateChange(recorded_at=datetime.now(UTC), state="secrets", action="created", new_current_hash="h",
+                              new_persisted=["Unknown"], reason="first poll"))  # fmt: skip
+    assert writer.flush(10)
+    engine = ledger_engine(url)
+    assert len(queries.history(engine)) == 1
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM state_changes").scalar() == 1
+    # A refused row stays a gap until the next write lands.
+    writer.submit(PollRecord(started_at=datetime.now(UTC), finished_at=datetime.now(UTC), duration_seconds=0,
+                             resources_seen=1, changes=0, requests_made=0))  # fmt: skip
+    assert writer.flush(10)
+    [gap] = queries.gaps(engine)
+    assert gap.kinds == {"run": 1} and "refused" in gap.reason
+
+
+@pytest.mark.parametrize(
+    ("labels", "who"),
+    [
+        (None, "manual"),
+        ({"migration.k8s.io/requested-by": "detection"}, "detection"),
+        ({"migration.k8s.io/requested-by": "initialize"}, "initializer"),
+        ({"migration.k8s.io/requested-by": "rotate-encryption-key"}, "rotation"),
+        ({"migration.k8s.io/requested-by": "openshift-kube-apiserver-operator"}, "openshift-kube-apiserver-operator"),
+    ],
+)
+def test_who_asked_comes_from_the_requested_by_label(labels: dict[str, str] | None, who: str) -> None:
+    assert requested_by(labels) == who
+
+
+def test_the_key_of_a_rotation_request_comes_from_its_annotation() -> None:
+    assert encryption_key_of({"migration.k8s.io/encryption-key": "key2"}) == "key2"
+    assert encryption_key_of(None) is None
+
+
+def _svm(name: str, uid: str, started: datetime | None) -> StorageVersionMigration:
+    return StorageVersionMigration(
+        metadata=ObjectMeta(name=name, uid=uid),
+        spec=StorageVersionMigrationSpec(resource=GroupVersionResource(group="apps", version="v1",
+                                                                       resource="deployments")),
+        status=StorageVersionMigrationStatus(started_at=started),
+    )  # fmt: skip
+
+
+def test_requests_that_ran_without_a_run_row_are_the_ledgers_gap() -> None:
+    now = datetime.now(UTC)
+    requests = [_svm("ran", "u1", now), _svm("recorded", "u2", now), _svm("pending", "u3", None),
+                _svm("old", "u4", now - timedelta(days=30))]  # fmt: skip
+    missing = queries.unrecorded_migrations(requests, {"u2"}, since=now - timedelta(days=7))
+    assert [(m.migration, m.resource, m.phase) for m in missing] == [("ran", "deployments.apps", "Pending")]
+
+
+def test_since_takes_a_duration_or_a_date() -> None:
+    now = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    assert parse_since("7d", now=now) == now - timedelta(days=7)
+    assert parse_since("90m", now=now) == now - timedelta(minutes=90)
+    assert parse_since("2026-11-20", now=now) == datetime(2026, 11, 20, tzinfo=UTC)
+    assert parse_since("2026-11-20T10:00:00Z", now=now) == datetime(2026, 11, 20, 10, tzinfo=UTC)
+    with pytest.raises(Exception, match="duration"):
+        parse_since("last tuesday", now=now)
+
+
+def test_state_change_lists_are_stored_as_json(tmp_path: Path) -> None:
+    url = _url(tmp_path / "s.db")
+    writer = LedgerWriter(url)
+    writer.submit(StateChange(recorded_at=datetime.now(UTC), state="cronjobs.batch", action="updated",
+                              old_current_hash="a", new_current_hash="b", old_persisted=["a"],
+                              new_persisted=["a", "b"], reason="new storage version"))  # fmt: skip
+    assert writer.flush(10)
+    with ledger_engine(url).connect() as conn:
+        row = conn.exec_driver_sql("SELECT old_persisted, new_persisted FROM state_changes").one()
+    assert [json.loads(v) for v in row] == [["a"], ["a", "b"]]

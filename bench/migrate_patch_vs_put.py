@@ -27,22 +27,20 @@ import argparse
 import json
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes.client import ApiClient
+from stand import create_configmaps
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from storage_migrator.chunks import ChunkOptions, WriteMode, migrate_chunk
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.kube.writing import create_object
 from storage_migrator.settings import Settings
 
 CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")
-NAMESPACES = ResourceRef(version="v1", resource="namespaces")
 NAMESPACE = "bench"
 
 
@@ -73,22 +71,6 @@ class Pass:
     @property
     def wire_per_object(self) -> float:
         return (self.bytes_in + self.bytes_out) / self.objects
-
-
-def create_all(api: ApiClient, n: int, *, threads: int, size: int) -> float:
-    def create(i: int) -> None:
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": f"cm-{i:06d}", "labels": {"bench": "migrate"}},
-            "data": {"payload": f"{i:06d}".ljust(size, "x")},
-        }
-        create_object(api, CONFIGMAPS, body, namespace=NAMESPACE)
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        list(pool.map(create, range(n)))
-    return n / (time.perf_counter() - started)
 
 
 def migrate(api: ApiClient, admin: Admin, label: str, options: ChunkOptions) -> Pass:
@@ -135,8 +117,9 @@ def main() -> None:
         # the pool is sized to the write concurrency (one connection per write in flight)
         api = api_client_from_settings(Settings(kubeconfig=kubeconfig, write_concurrency=args.concurrency))
         admin = Admin(cluster.server.url)
-        create_object(api, NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-        create_rate = create_all(api, args.objects, threads=args.concurrency, size=args.size)
+        create_rate = create_configmaps(
+            api, args.objects, namespace=NAMESPACE, threads=args.concurrency, size=args.size
+        )
 
         def options(mode: WriteMode) -> ChunkOptions:
             return ChunkOptions(limit=args.limit, write_mode=mode, write_concurrency=args.concurrency)

@@ -51,6 +51,7 @@ from storage_migrator.kube.health import READYZ_TIMEOUT_SECONDS, is_ready
 from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import WriteResult, rewrite_with_patch, rewrite_with_put
+from storage_migrator.lookahead import PageAhead
 from storage_migrator.models import MAX_RECORDED_FAILURES, MigrationProgress, ObjectFailure
 from storage_migrator.pacing import NoPacing, Pacer
 from storage_migrator.settling import RetryStep, ServerTrouble, retry_step
@@ -368,6 +369,7 @@ def migrate_chunk(
     pacer: Pacer | None = None,
     sleep: Callable[[float], None] = time.sleep,
     trouble: ServerTrouble | None = None,
+    ahead: PageAhead | None = None,
 ) -> ChunkResult:
     """LIST one page from `continue_token` and settle every item in it.
 
@@ -377,12 +379,21 @@ def migrate_chunk(
     the result is returned (so a checkpoint never passes an object that a
     settling server failed). `trouble` may be shared across chunks (default: a
     memory of this chunk only).
+
+    `ahead`, shared across the chunks of one migration: the page is taken from
+    it when the previous chunk asked for it already, and the next page is asked
+    for as soon as this one's token is known (metadata-only pages only; see
+    `storage_migrator.lookahead`), so the writers do not wait for a LIST.
     """
     pace = pacer or NoPacing()
     tally = _Tally()
     ctx = _Context(api=api, ref=ref, options=options, sleep=sleep, tally=tally,
                    trouble=trouble or ServerTrouble(window_seconds=options.settle_window_seconds))  # fmt: skip
-    page, relisted = _list(ctx, continue_token)
+    listed = ahead.take(continue_token) if ahead is not None else None
+    page, relisted = listed if listed is not None else _list(ctx, continue_token)
+    if ahead is not None and page.continue_token and options.write_mode == "patch":
+        token_ahead = page.continue_token
+        ahead.start(token_ahead, lambda: _list(ctx, token_ahead))
     stop = threading.Event()
     items: list[dict[str, Any]] = page.items
     with ThreadPoolExecutor(max_workers=options.write_concurrency, thread_name_prefix="rewrite") as pool:

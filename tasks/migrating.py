@@ -25,6 +25,7 @@ from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.storageversions import read_storage_version
 from storage_migrator.ledger.recorder import encryption_key_of, requested_by
+from storage_migrator.lookahead import PageAhead
 from storage_migrator.migrations import (
     MigrationCancelled,
     MigrationRecord,
@@ -160,6 +161,11 @@ def start_migration(settings: Settings, handle: MigrationHandle, *, flow_run: st
         return Checkpointed(token=token, progress=progress, failures=list(record.migration.status.failures))
 
 
+#: The page asked for ahead by each migration's last chunk (by uid), for its next chunk task in
+#: this process (issue 13: writers do not wait for a LIST). Metadata only; dropped at the end.
+_AHEAD: dict[str, PageAhead] = {}
+
+
 def _not_aborted(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a chunk on unexpected errors, never on a verdict about the migration."""
     try:
@@ -196,8 +202,16 @@ def migrate_chunk_task(
     limiter = LocalRateLimiter(budget.writes_per_second, burst=min(budget.batch, settings.write_concurrency))
     # A chunk never needs more of the shared budget than it has objects.
     pacer = BatchedPacer(PrefectWriteBudget(budget), limiter, batch=min(budget.batch, options.limit))
-    with connected(settings) as api:
-        return migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer)
+    ahead = _AHEAD.setdefault(handle.uid, PageAhead())
+    try:
+        with connected(settings) as api:
+            result = migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer, ahead=ahead)
+    except BaseException:
+        _AHEAD.pop(handle.uid, None)
+        raise
+    if result.token_out is None:
+        _AHEAD.pop(handle.uid, None)
+    return result
 
 
 @task(name="checkpoint", **REQUEST_RETRIES, **PRIVATE)

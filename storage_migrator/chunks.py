@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from kubernetes.client import ApiClient
@@ -392,8 +392,18 @@ def migrate_chunk(
     listed = ahead.take(continue_token) if ahead is not None else None
     page, relisted = listed if listed is not None else _list(ctx, continue_token)
     if ahead is not None and page.continue_token and options.write_mode == "patch":
-        token_ahead = page.continue_token
-        ahead.start(token_ahead, lambda: _list(ctx, token_ahead))
+        token_ahead, connect = page.continue_token, ahead.connect
+
+        def fetch() -> tuple[ListPage, int]:
+            if connect is None:
+                return _list(ctx, token_ahead)
+            own = connect()
+            try:
+                return _list(replace(ctx, api=own), token_ahead)
+            finally:
+                own.close()  # type: ignore[no-untyped-call]
+
+        ahead.start(token_ahead, fetch)
     stop = threading.Event()
     items: list[dict[str, Any]] = page.items
     with ThreadPoolExecutor(max_workers=options.write_concurrency, thread_name_prefix="rewrite") as pool:

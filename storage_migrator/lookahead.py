@@ -13,6 +13,8 @@ of a chunked LIST is served from the snapshot of the first one.
 Only metadata-only pages are asked for ahead: a full page (PUT mode) holds whole
 objects, which are kept no longer than their own chunk (DESIGN 8). A failed LIST
 ahead is forgotten: the chunk LISTs again itself, with its retries and verdicts.
+The LIST ahead uses a client of its own (``connect``) when given one: the chunk's
+client is closed when its task ends, which may be before the page arrives.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+
+from kubernetes.client import ApiClient
 
 from storage_migrator.kube.listing import ListPage
 
@@ -32,7 +36,9 @@ Listed = tuple[ListPage, int]
 class PageAhead:
     """At most one page asked for ahead, for one migration; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, connect: Callable[[], ApiClient] | None = None) -> None:
+        #: A client for the LIST ahead, closed after it; None: the caller's own.
+        self.connect = connect
         self._lock = threading.Lock()
         self._token: str | None = None
         self._future: Future[Listed] | None = None

@@ -44,7 +44,7 @@ from storage_migrator.models import (
 from storage_migrator.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.settings import Settings
 from storage_migrator.targets import UnknownResource, resolve_target
-from tasks.common import PRIVATE, REQUEST_RETRIES, connected
+from tasks.common import PRIVATE, REQUEST_RETRIES, api_client, connected
 from tasks.write_budget import PrefectWriteBudget, RateLimitInfo
 
 
@@ -202,7 +202,8 @@ def migrate_chunk_task(
     limiter = LocalRateLimiter(budget.writes_per_second, burst=min(budget.batch, settings.write_concurrency))
     # A chunk never needs more of the shared budget than it has objects.
     pacer = BatchedPacer(PrefectWriteBudget(budget), limiter, batch=min(budget.batch, options.limit))
-    ahead = _AHEAD.setdefault(handle.uid, PageAhead())
+    # The LIST ahead outlives this task's client: it gets one of its own.
+    ahead = _AHEAD.setdefault(handle.uid, PageAhead(connect=lambda: api_client(settings)))
     try:
         with connected(settings) as api:
             result = migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer, ahead=ahead)

@@ -55,7 +55,7 @@ from tasks.migrating import (
     restart_pass,
     start_migration,
 )
-from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit
+from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit, writer_lease
 
 EVENT_PREFIX = "storage-migrator.migration"
 
@@ -230,7 +230,9 @@ def migrate_resource(
                                                    description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token)
     try:
-        _migrate_passes(settings, handle, budget, run, baseline, artifact)
+        # One writer's lease for the whole run: its share of the budget (tasks/write_budget.py).
+        with writer_lease(budget.model_copy(update={"holder": handle.name})) as held:
+            _migrate_passes(settings, handle, held, run, baseline, artifact)
     except MigrationCancelled as exc:
         logger.warning("%s", exc)
         _emit("cancelled", handle, run.progress, str(exc))

@@ -39,11 +39,10 @@ from storage_migrator.models import (
     is_condition_true,
     new_storage_version_migration,
 )
-from storage_migrator.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.settings import Settings
 from storage_migrator.targets import UnknownResource, resolve_target
 from tasks.common import PRIVATE, REQUEST_RETRIES, connected
-from tasks.write_budget import PrefectWriteBudget, RateLimitInfo
+from tasks.write_budget import RateLimitInfo, chunk_pacer
 
 
 class MigrationHandle(BaseModel):
@@ -188,10 +187,8 @@ def migrate_chunk_task(
         settle_window_seconds=settings.apiserver_restart_window_seconds,
         settle_timeout_seconds=settings.apiserver_settle_timeout_seconds,
     )
-    limiter = LocalRateLimiter(budget.writes_per_second, burst=min(budget.batch, settings.write_concurrency))
-    # A chunk never needs more of the shared budget than it has objects.
-    pacer = BatchedPacer(PrefectWriteBudget(budget), limiter, batch=min(budget.batch, options.limit))
-    with connected(settings) as api:
+    pacing = chunk_pacer(budget, write_concurrency=settings.write_concurrency, chunk_limit=options.limit)
+    with pacing as pacer, connected(settings) as api:
         return migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer)
 
 

@@ -55,7 +55,7 @@ from tasks.migrating import (
     restart_pass,
     start_migration,
 )
-from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit, writer_lease
+from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit, release_writer, writer_lease
 
 EVENT_PREFIX = "storage-migrator.migration"
 
@@ -159,6 +159,8 @@ def _migrate_passes(
     (agreement lost, or a verdict of the chunk loop) and `MigrationCancelled`."""
     while True:
         chunk = migrate_chunk_task(settings, handle, run.token, budget)
+        if chunk.token_out is None:
+            release_writer(budget)  # the last write is done: the others get its share now
         run.progress = add_progress(run.progress, chunk)
         run.failures = (run.failures + chunk.failures)[:MAX_RECORDED_FAILURES]
         checkpoint(settings, handle, token=chunk.token_out, progress=run.progress, failures=run.failures)

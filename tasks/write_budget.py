@@ -229,6 +229,17 @@ def writer_lease(info: RateLimitInfo) -> Iterator[RateLimitInfo]:
         lease.leave()
 
 
+def release_writer(info: RateLimitInfo) -> None:
+    """The run's writes are over (its last chunk is done): give its share back now,
+    not after the checks that end the run. A later pass joins again, chunk by chunk."""
+    if info.holder is None:
+        return
+    with _HELD_LOCK:
+        lease = _HELD.pop(info.holder, None)
+    if lease is not None:
+        lease.leave()
+
+
 @contextmanager
 def chunk_pacer(info: RateLimitInfo, *, write_concurrency: int, chunk_limit: int) -> Iterator[Pacer]:
     """The pacer a chunk uses: its migration's share (the lease held in this process,

@@ -109,7 +109,9 @@ def run_case(stack: PrefectStack, kubeconfig: Path, admin: Admin, rate: float, n
 
     def sample() -> None:
         while not stop.is_set():
-            samples.append((time.monotonic(), patches(admin, resources)))
+            before = time.monotonic()
+            count = patches(admin, resources)
+            samples.append(((before + time.monotonic()) / 2, count))  # when the server most likely counted
             stop.wait(1.0)
 
     sampler = threading.Thread(target=sample, daemon=True)

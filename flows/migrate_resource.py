@@ -57,7 +57,7 @@ from tasks.migrating import (
     restart_pass,
     start_migration,
 )
-from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit
+from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit, release_writer, writer_lease
 
 #: The progress artifact is updated at most this often (one API call; issue 13).
 ARTIFACT_SECONDS = 5.0
@@ -160,6 +160,8 @@ def _migrate_passes(
     while True:
         began = time.monotonic()
         chunk = migrate_chunk_task(settings, handle, run.token, budget)
+        if chunk.token_out is None:
+            release_writer(budget)  # the last write is done: the others get its share now
         run.progress = add_progress(run.progress, chunk)
         run.failures = (run.failures + chunk.failures)[:MAX_RECORDED_FAILURES]
         # Issue 13: the checkpoint and the agreement check run side by side (both after the
@@ -287,7 +289,9 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
                                                    description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token)
     try:
-        _migrate_passes(settings, handle, budget, run, baseline, artifact, rec)
+        # One writer's lease for the whole run: its share of the budget (tasks/write_budget.py).
+        with writer_lease(budget.model_copy(update={"holder": handle.name})) as held:
+            _migrate_passes(settings, handle, held, run, baseline, artifact, rec)
     except MigrationCancelled as exc:
         logger.warning("%s", exc)
         _emit("cancelled", handle, run.progress, str(exc))

@@ -37,6 +37,7 @@ import yaml
 from kubernetes import client as k8s
 
 from devstack import REPO, PrefectStack
+from devstack.postgres import start_postgres
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import ENCRYPTED_PREFIX
@@ -165,11 +166,16 @@ def main() -> int:
         help="writes per second shared by all migrations (default 250; production default 10)",
     )
     parser.add_argument("--keep", action="store_true", help="keep everything running afterwards (Ctrl-C stops it)")
+    parser.add_argument("--prefect-db", choices=["sqlite", "postgres"], default="sqlite",
+                        help="the Prefect server's database: sqlite (Prefect's default) or postgres (Debian's "
+                             "postgresql started for the demo; the documented choice for a shared server)")  # fmt: skip
     args = parser.parse_args()
+    postgres = start_postgres() if args.prefect_db == "postgres" else None
     workdir = REPO / ".demo"
     kubeconfig = workdir / "kubeconfig"
     stack = PrefectStack(
         workdir / "prefect",
+        server_env={"PREFECT_API_DATABASE_CONNECTION_URL": postgres.url} if postgres else None,
         worker_env={
             "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig),
             "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": str(args.write_rate),
@@ -244,6 +250,8 @@ def main() -> int:
             return 0 if ok else 1
         finally:
             stack.stop()
+            if postgres:
+                postgres.stop()
             etcd.close()
             api.close()  # type: ignore[no-untyped-call]
 

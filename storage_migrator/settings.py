@@ -278,10 +278,11 @@ class Settings(BaseSettings):
     shared_write_budget: bool = Field(
         default=True,
         description=(
-            "Share the write rate among all workers through a Prefect global concurrency "
-            "limit (rate_limit_name). Default true. False paces each run locally at "
-            "write_rate_per_second: for a single worker, or a Prefect server on SQLite, "
-            "where each acquisition can wait seconds on the database lock."
+            "Share the write rate among all workers through the Prefect server: the rate is "
+            "the slot decay of the global concurrency limit rate_limit_name, and each running "
+            "migration holds a lease on '<rate_limit_name>-writers' and writes its share "
+            "(docs/migrations.md). Default true. False paces each run locally at "
+            "write_rate_per_second (the budget then holds per run only)."
         ),
     )
     rate_limit_name: str = Field(

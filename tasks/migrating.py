@@ -41,11 +41,10 @@ from storage_migrator.models import (
     is_condition_true,
     new_storage_version_migration,
 )
-from storage_migrator.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.settings import Settings
 from storage_migrator.targets import UnknownResource, resolve_target
 from tasks.common import PRIVATE, REQUEST_RETRIES, api_client, connected
-from tasks.write_budget import PrefectWriteBudget, RateLimitInfo
+from tasks.write_budget import RateLimitInfo, chunk_pacer
 
 
 class MigrationHandle(BaseModel):
@@ -199,13 +198,11 @@ def migrate_chunk_task(
         settle_window_seconds=settings.apiserver_restart_window_seconds,
         settle_timeout_seconds=settings.apiserver_settle_timeout_seconds,
     )
-    limiter = LocalRateLimiter(budget.writes_per_second, burst=min(budget.batch, settings.write_concurrency))
-    # A chunk never needs more of the shared budget than it has objects.
-    pacer = BatchedPacer(PrefectWriteBudget(budget), limiter, batch=min(budget.batch, options.limit))
+    pacing = chunk_pacer(budget, write_concurrency=settings.write_concurrency, chunk_limit=options.limit)
     # The LIST ahead outlives this task's client: it gets one of its own.
     ahead = _AHEAD.setdefault(handle.uid, PageAhead(connect=lambda: api_client(settings)))
     try:
-        with connected(settings) as api:
+        with pacing as pacer, connected(settings) as api:
             result = migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer, ahead=ahead)
     except BaseException:
         _AHEAD.pop(handle.uid, None)

@@ -16,6 +16,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devstack import PrefectStack
+from devstack.postgres import start_postgres
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
@@ -28,8 +29,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds")]
 
 @pytest.fixture(scope="module")
 def stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
+    """The e2e run on PostgreSQL (issue 13: the documented choice for a shared server);
+    test_schedule.py keeps the SQLite default."""
+    postgres = start_postgres()
     stack = PrefectStack(
         tmp_path_factory.mktemp("prefect-home"),
+        server_env={"PREFECT_API_DATABASE_CONNECTION_URL": postgres.url},
         worker_env={
             "STORAGE_MIGRATOR_KUBECONFIG": kubesim_session.kubeconfig,
             "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": "500",
@@ -44,6 +49,7 @@ def stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Ite
         yield stack
     finally:
         stack.stop()
+        postgres.stop()
 
 
 def flow_runs(stack: PrefectStack) -> list[Any]:
@@ -83,12 +89,15 @@ def test_migrate_resource_deployment_runs_and_is_in_the_history(
         what="the flow run in the history",
     )  # fmt: skip
     assert "resource:configmaps" in run.tags and f"migration:{migration.metadata.name}" in run.tags
-    # DESIGN 4.5: writes share one budget, a global concurrency limit with slot decay.
+    # DESIGN 4.5: writes share one budget: its rate is the limit's slot decay, and each
+    # running migration holds one writer's lease, released when the run ends.
     from prefect.client.orchestration import SyncPrefectClient
 
     with SyncPrefectClient(api=stack.api_url) as client:
         limit = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
+        writers = client.read_global_concurrency_limit_by_name("storage-migrator-writes-writers")
     assert limit.active and limit.slot_decay_per_second == 500
+    assert writers.active and writers.active_slots == 0
     api.close()
 
 

@@ -1,0 +1,98 @@
+"""The shared write budget on a real Prefect server (the session's test server, SQLite).
+
+Issue 13: "The budget is the promise to the API server (seed 002: < 10 writes/s
+by default), and it must hold on the default installation too." What the server
+must hold for the rules of storage_migrator/write_share.py to work: the rate in
+`storage-migrator-writes`, one writer's lease per running migration in
+`storage-migrator-writes-writers`, released at the end, and a joiner that sees
+another writer waits before its first write.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from prefect.client.orchestration import get_client
+
+from tasks.write_budget import (
+    MAX_VIEW_AGE_SECONDS,
+    LeasedPacer,
+    RateLimitInfo,
+    chunk_pacer,
+    ensure_write_rate_limit,
+    release_writer,
+    writer_lease,
+    writers_limit_name,
+)
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+def writers(name: str) -> int:
+    with get_client(sync_client=True) as client:
+        return int(client.read_global_concurrency_limit_by_name(writers_limit_name(name)).active_slots)
+
+
+def budget(name: str, rate: float) -> RateLimitInfo:
+    info = ensure_write_rate_limit.fn(name, rate, explicit=True)
+    assert info.name == name and info.writes_per_second == rate
+    return info
+
+
+def test_each_running_migration_holds_one_writers_lease_released_at_the_end(request: Any) -> None:
+    name = f"budget-{request.node.name[-20:].lower().replace('_', '-')}-{int(time.time())}"
+    info = budget(name, 10.0)
+    assert writers(name) == 0
+    with writer_lease(info.model_copy(update={"holder": "m1"})) as first:
+        assert first.name == name  # the shared budget, not the local fallback
+        assert writers(name) == 1
+        with chunk_pacer(first, write_concurrency=8, chunk_limit=500) as pacer:
+            assert isinstance(pacer, LeasedPacer)  # chunks pace at the run's share
+            pacer.before_write()  # alone: the first write goes at once
+        with writer_lease(info.model_copy(update={"holder": "m2"})) as second:
+            assert writers(name) == 2
+            release_writer(second)  # its last chunk is done: the share goes back at once
+            assert writers(name) == 1
+    assert writers(name) == 0
+
+
+def test_a_joiner_that_sees_another_writer_waits_before_its_first_write(request: Any) -> None:
+    """write_share: "a writer that joins while others hold leases waits `max_age`
+    before its first write"; a writer alone starts at once."""
+    from tasks.write_budget import _HELD
+
+    name = f"budget-joiner-{int(time.time() * 1000)}"
+    info = budget(name, 10.0)
+    with writer_lease(info.model_copy(update={"holder": "a"})):
+        alone = _HELD["a"].limiter
+        assert alone.not_before == 0.0
+        with writer_lease(info.model_copy(update={"holder": "b"})):
+            joiner = _HELD["b"].limiter
+            assert joiner.not_before >= time.monotonic() + MAX_VIEW_AGE_SECONDS - 1.0
+            assert joiner.quota == 48  # floor(10 x 9.9 / 2) - 1
+            # the first writer's view counts the joiner at its next read (every half second)
+            deadline = time.monotonic() + 10
+            while alone.quota != 48 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert alone.quota == 48
+
+
+def test_an_operator_change_of_the_rate_reaches_running_migrations() -> None:
+    """`prefect gcl update storage-migrator-writes --slot-decay-per-second 50` is seen by runs."""
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
+
+    from tasks.write_budget import _HELD
+
+    name = f"budget-update-{int(time.time() * 1000)}"
+    info = budget(name, 10.0)
+    with writer_lease(info.model_copy(update={"holder": "u"})):
+        limiter = _HELD["u"].limiter
+        assert limiter.quota == 98
+        with get_client(sync_client=True) as client:
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(slot_decay_per_second=50.0))
+        deadline = time.monotonic() + 10
+        while limiter.quota != 494 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert limiter.quota == 494

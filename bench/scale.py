@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -262,7 +263,7 @@ def main() -> None:
     if done:
         print(f"kubectl wall s: {median_spread(done)}; objects/s: {median_spread([n / s for s in done])}")
         print(f"flow speed vs kubectl (median wall kubectl / median wall flow): "
-              f"{sorted(done)[len(done) // 2] / sorted(flow_s)[len(flow_s) // 2]:.2f}")  # fmt: skip
+              f"{statistics.median(done) / statistics.median(flow_s):.2f}")  # fmt: skip
     elif kubectls:
         print(f"kubectl: did not finish within {args.kubectl_timeout:.0f} s")
     else:

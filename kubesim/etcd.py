@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -75,8 +75,10 @@ class EtcdProcess:
     fsync cheap (DESIGN 6).
     """
 
-    def __init__(self, *, binary: str | None = None) -> None:
+    def __init__(self, *, binary: str | None = None, extra_args: Sequence[str] = ()) -> None:
+        """`extra_args`: more etcd flags, e.g. `--quota-backend-bytes` for the 10^6-object benchmark."""
         self.binary = binary or shutil.which(ETCD_BINARY) or "/usr/bin/etcd"
+        self.extra_args = list(extra_args)
         base = "/dev/shm" if os.path.isdir("/dev/shm") else None
         self.data_dir = tempfile.mkdtemp(prefix="kubesim-etcd-", dir=base)
         self.client_port = free_port()
@@ -103,6 +105,7 @@ class EtcdProcess:
             "--initial-cluster", f"kubesim={peer}",
             "--log-level", "error",
             "--logger", "zap",
+            *self.extra_args,
         ]  # fmt: skip
         log = open(self._log_path, "wb")  # noqa: SIM115 - owned by the child
         self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
@@ -268,6 +271,14 @@ class EtcdStore:
         """An unconditional put: only for seeding and admin controls."""
         resp = self._call(self._client.kvstub.Put, etcdrpc.PutRequest(key=key, value=value))
         self._count_write()
+        return int(resp.header.revision)  # type: ignore[attr-defined]
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes]]) -> int:
+        """Unconditional puts in one transaction: only for seeding benchmarks in bulk
+        (etcd refuses more than `--max-txn-ops` operations, 128 by default)."""
+        ops = [etcdrpc.RequestOp(request_put=etcdrpc.PutRequest(key=k, value=v)) for k, v in items]
+        resp = self._call(self._client.kvstub.Txn, etcdrpc.TxnRequest(success=ops))
+        self._count_write(len(items))
         return int(resp.header.revision)  # type: ignore[attr-defined]
 
     def compact(self, revision: int | None = None) -> int:

@@ -9,6 +9,7 @@ the operator has); it drives the same `prefect` commands an operator types.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -158,7 +159,17 @@ class PrefectStack:
         """
         proc = self._workers.pop(name)
         killed: list[int] = []
-        tree = [proc.pid, *descendants(proc.pid)]
+        # Freeze the tree first (SIGSTOP, until no new process appears), so that nothing it
+        # starts between the scan and the kill escapes as an orphan.
+        tree = [proc.pid]
+        while True:
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            found = [proc.pid, *descendants(proc.pid)]
+            if set(found) <= set(tree):
+                break
+            tree = found
         for pid in tree:
             try:
                 os.kill(pid, signal.SIGKILL)

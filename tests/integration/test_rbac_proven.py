@@ -131,7 +131,7 @@ def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RbacClust
 def stored(rc: RbacCluster, resource: str) -> dict[str, codec.Stored]:
     prefix = f"/registry/{resource}/{NAMESPACE}/".encode()
     kvs = rc.etcd.range(prefix, prefix_end(prefix)).kvs
-    return {kv.key.decode(): codec.decode(kv.value, read_keys=["key1", "key2"]) for kv in kvs}
+    return {kv.key.decode(): codec.decode(kv.value, read_keys=["key1", "key2", "key3"]) for kv in kvs}
 
 
 def test_authentication_and_authorization_answer_as_kube_apiserver(rbac_cluster: RbacCluster) -> None:

@@ -8,8 +8,7 @@ Prefect defaults are on the machine that runs it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -20,6 +19,7 @@ from storage_migrator.kube.connection import (
     ConnectionConfigError,
     api_client_from_config_dict,
     api_client_from_settings,
+    closing_client,
 )
 from storage_migrator.kube.errors import KubeError, is_retriable, is_settling_answer
 from storage_migrator.settings import Settings
@@ -85,10 +85,6 @@ def api_client(settings: Settings, *, server: str | None = None) -> ApiClient:
     )
 
 
-@contextmanager
-def connected(settings: Settings) -> Iterator[ApiClient]:
-    api = api_client(settings)
-    try:
-        yield api
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
+def connected(settings: Settings) -> AbstractContextManager[ApiClient]:
+    """A client with the credentials the settings name (a block too), closed afterwards."""
+    return closing_client(api_client(settings))

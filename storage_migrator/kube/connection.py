@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from kubernetes import config as kube_config
@@ -88,13 +88,17 @@ def api_client_from_settings(settings: Settings, *, server: str | None = None) -
 
 
 @contextmanager
-def connected(settings: Settings) -> Iterator[ApiClient]:
-    """An API client for one unit of work (a task, a CLI command), closed afterwards."""
-    api = api_client_from_settings(settings)
+def closing_client(api: ApiClient) -> Iterator[ApiClient]:
+    """``api`` for one unit of work (a task, a CLI command), closed afterwards."""
     try:
         yield api
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def connected(settings: Settings) -> AbstractContextManager[ApiClient]:
+    """A client from the settings' kubeconfig or in-cluster credentials, closed afterwards."""
+    return closing_client(api_client_from_settings(settings))
 
 
 class _OneServer(Configuration):  # type: ignore[misc]

@@ -45,7 +45,7 @@ from devstack import PrefectStack
 from kubesim.admin import Admin
 from kubesim.codec import canonical_json
 from kubesim.etcd import EtcdStore, prefix_end
-from kubesim.registry import managed_fields_entry, now_rfc3339
+from kubesim.managed_fields import managed_fields_entry, now_rfc3339
 
 NAMESPACE = "bench"
 PREFIX = f"/registry/configmaps/{NAMESPACE}/".encode()

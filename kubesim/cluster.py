@@ -34,8 +34,9 @@ from kubesim import encryption, leases
 from kubesim.access import AccessConfig
 from kubesim.errors import StatusError
 from kubesim.etcd import EtcdProcess, EtcdStore
-from kubesim.registry import EncryptionConfig, Registry, ServerConfig
+from kubesim.registry import Registry
 from kubesim.server import ApiServer
+from kubesim.server_config import EncryptionConfig, ServerConfig
 
 
 def kubeconfig_doc(servers: list[ApiServer], *, token: str = "kubesim") -> dict[str, Any]:

@@ -43,8 +43,9 @@ from typing import Any
 from kubesim import storageversions
 from kubesim.errors import StatusError
 from kubesim.etcd import EtcdStore
-from kubesim.registry import Registry, ServerConfig
+from kubesim.registry import Registry
 from kubesim.resources import STORAGE_VERSION_API_GATE, ResourceType, builtin_resources
+from kubesim.server_config import ServerConfig
 
 log = logging.getLogger("kubesim")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import json
 import random
 import re
 import string
@@ -29,12 +28,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any
 
-from kubesim import codec, encryption
+from kubesim import codec
+from kubesim.continue_tokens import decode_continue, encode_continue
 from kubesim.crds import admit_custom_resource, crd_established, crd_status, validate_crd
 from kubesim.errors import (
     StatusError,
@@ -48,8 +46,10 @@ from kubesim.errors import (
     resource_not_found,
 )
 from kubesim.etcd import KV, Compacted, EtcdStore, prefix_end
+from kubesim.managed_fields import managed_fields_entry, now_rfc3339
 from kubesim.patching import PatchError, apply_patch
-from kubesim.resources import STORAGE_VERSION_API_GATE, ResourceType, builtin_resources, resource_from_crd
+from kubesim.resources import ResourceType, builtin_resources, resource_from_crd
+from kubesim.server_config import ServerConfig
 
 CRD_PREFIX = b"/registry/apiextensions.k8s.io/customresourcedefinitions/"
 NAMESPACE_PREFIX = b"/registry/namespaces/"
@@ -61,125 +61,10 @@ _UPDATE_ATTEMPTS = 16
 _CRD_RECHECK_SECONDS = 0.25
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass
-class EncryptionConfig:
-    """Which resources are encrypted at rest, and with which keys (write key first).
-
-    Two sources. The admin API sets `resources` and `keys` (secrets derived from
-    the key names; every key reads every resource). Or, as kube-apiserver's
-    `--encryption-provider-config`, a file (kubesim/encryption.py): then `file`
-    alone decides, per resource, and `resources`/`keys` are not used.
-    """
-
-    resources: set[str] = field(default_factory=lambda: {"secrets"})
-    keys: list[str] = field(default_factory=lambda: ["key1"])
-    #: The parsed `--encryption-provider-config` file, swapped whole on a reload.
-    file: encryption.EncryptionConfiguration | None = None
-    file_path: Path | None = None
-    #: Seconds between polls of the file (`--encryption-provider-config-automatic-reload`); None: read once.
-    reload_interval: float | None = None
-    #: The last failed reload (the previous configuration stays), None after a good one.
-    reload_error: str | None = None
-
-    @classmethod
-    def from_file(cls, path: Path | str, *, reload_interval: float | None = None) -> EncryptionConfig:
-        """Read at start: an invalid file raises encryption.ConfigError (the server refuses to start)."""
-        return cls(file=encryption.load(path), file_path=Path(path), reload_interval=reload_interval)
-
-    def transformer(self, group_resource: str) -> encryption.Transformer:
-        config = self.file  # one read: a reload swaps the whole configuration
-        if config is not None:
-            return config.transformer(group_resource)
-        keys = list(self.keys)
-        write = keys[0] if group_resource in self.resources and keys else None
-        return encryption.Transformer(
-            write_key=write,
-            write_secret=None,  # derived from the name (codec.derived_secret)
-            read_keys={k: codec.derived_secret(k) for k in keys},
-            plaintext_readable=True,
-        )
-
-    def write_key(self, group_resource: str) -> str | None:
-        return self.transformer(group_resource).write_key
-
-
-@dataclass
-class ServerConfig:
-    """What an upgrade changes on one API server."""
-
-    server_id: str = field(default_factory=lambda: f"apiserver-{uuid.uuid4().hex[:26]}")
-    # storage group-resource ("events", "deployments.apps") -> storage version
-    storage_versions: dict[str, str] = field(default_factory=dict)
-    encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
-    # Feature gates that serve optional built-in APIs (resources.FEATURE_GATES). StorageVersionMigrator
-    # is off by default, as beta APIs are on a real v1.36 server; StorageVersionAPI is on (alpha, off
-    # upstream, but kubesim has always published StorageVersions and our reference cluster had it on).
-    feature_gates: set[str] = field(default_factory=lambda: {STORAGE_VERSION_API_GATE})
-
-
 def storage_group_resource(rt: ResourceType) -> str:
     """The group-resource a type's objects are stored under (shared by events)."""
     res = rt.storage_resource or rt.resource
     return f"{res}.{rt.stored_group}" if rt.stored_group else res
-
-
-def encode_continue(rv: int, start: str) -> str:
-    doc = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": start}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(doc.encode()).decode().rstrip("=")
-
-
-def decode_continue(token: str) -> tuple[int, str]:
-    """(rv, start key relative to the listed prefix).
-
-    As apiserver's storage.DecodeContinue: a leading "/" is optional (the real
-    server's page-2 token starts "/bar-4\\u0000", list-page2-limit2.json), and a
-    start that path.Clean would change (``..``, ``.``, ``//``) is refused, so a
-    token cannot range outside the listed prefix.
-    """
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        doc = json.loads(raw)
-        if doc.get("v") != "meta.k8s.io/v1":
-            raise ValueError("unknown version")
-        rv, start = int(doc["rv"]), str(doc["start"])
-        key = start if start.startswith("/") else "/" + start
-        if key != "/" and any(seg in ("", ".", "..") for seg in key[1:].split("/")):
-            raise ValueError(start)
-        return rv, key[1:]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise bad_request(f"continue key is not valid: {exc}") from exc
-
-
-def _fields_v1(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        return {}
-    out: dict[str, Any] = {".": {}} if value else {}
-    for key, sub in value.items():
-        out[f"f:{key}"] = _fields_v1(sub)
-    return out
-
-
-def managed_fields_entry(obj: dict[str, Any], *, manager: str, api_version: str) -> dict[str, Any]:
-    tracked: dict[str, Any] = {}
-    meta = obj.get("metadata") or {}
-    meta_fields = {k: meta[k] for k in ("labels", "annotations", "finalizers") if k in meta}
-    if meta_fields:
-        tracked["f:metadata"] = {f"f:{k}": _fields_v1(v) for k, v in meta_fields.items()}
-    for key, value in obj.items():
-        if key not in ("apiVersion", "kind", "metadata", "status"):
-            tracked[f"f:{key}"] = _fields_v1(value)
-    return {
-        "manager": manager,
-        "operation": "Update",
-        "apiVersion": api_version,
-        "time": now_rfc3339(),
-        "fieldsType": "FieldsV1",
-        "fieldsV1": tracked,
-    }
 
 
 def _content(obj: dict[str, Any]) -> dict[str, Any]:

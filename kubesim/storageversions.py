@@ -19,7 +19,8 @@ from collections.abc import Collection
 from typing import Any
 
 from kubesim.errors import StatusError
-from kubesim.registry import Registry, now_rfc3339, storage_group_resource
+from kubesim.managed_fields import now_rfc3339
+from kubesim.registry import Registry, storage_group_resource
 from kubesim.resources import STORAGE_VERSION_API_GATE, ResourceType, builtin_resources, sort_versions
 
 GROUP = "internal.apiserver.k8s.io"

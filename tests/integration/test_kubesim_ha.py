@@ -22,7 +22,7 @@ from kubernetes import config as k8s_config
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import decode
-from kubesim.registry import ServerConfig
+from kubesim.server_config import ServerConfig
 
 SV_PATH = "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions"
 

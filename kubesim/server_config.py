@@ -1,0 +1,68 @@
+"""What an upgrade changes on one simulated API server: its storage versions, its
+encryption at rest (keys from the admin API, or kube-apiserver's
+`--encryption-provider-config` file) and its feature gates."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubesim import codec, encryption
+from kubesim.resources import STORAGE_VERSION_API_GATE
+
+
+@dataclass
+class EncryptionConfig:
+    """Which resources are encrypted at rest, and with which keys (write key first).
+
+    Two sources. The admin API sets `resources` and `keys` (secrets derived from
+    the key names; every key reads every resource). Or, as kube-apiserver's
+    `--encryption-provider-config`, a file (kubesim/encryption.py): then `file`
+    alone decides, per resource, and `resources`/`keys` are not used.
+    """
+
+    resources: set[str] = field(default_factory=lambda: {"secrets"})
+    keys: list[str] = field(default_factory=lambda: ["key1"])
+    #: The parsed `--encryption-provider-config` file, swapped whole on a reload.
+    file: encryption.EncryptionConfiguration | None = None
+    file_path: Path | None = None
+    #: Seconds between polls of the file (`--encryption-provider-config-automatic-reload`); None: read once.
+    reload_interval: float | None = None
+    #: The last failed reload (the previous configuration stays), None after a good one.
+    reload_error: str | None = None
+
+    @classmethod
+    def from_file(cls, path: Path | str, *, reload_interval: float | None = None) -> EncryptionConfig:
+        """Read at start: an invalid file raises encryption.ConfigError (the server refuses to start)."""
+        return cls(file=encryption.load(path), file_path=Path(path), reload_interval=reload_interval)
+
+    def transformer(self, group_resource: str) -> encryption.Transformer:
+        config = self.file  # one read: a reload swaps the whole configuration
+        if config is not None:
+            return config.transformer(group_resource)
+        keys = list(self.keys)
+        write = keys[0] if group_resource in self.resources and keys else None
+        return encryption.Transformer(
+            write_key=write,
+            write_secret=None,  # derived from the name (codec.derived_secret)
+            read_keys={k: codec.derived_secret(k) for k in keys},
+            plaintext_readable=True,
+        )
+
+    def write_key(self, group_resource: str) -> str | None:
+        return self.transformer(group_resource).write_key
+
+
+@dataclass
+class ServerConfig:
+    """What an upgrade changes on one API server."""
+
+    server_id: str = field(default_factory=lambda: f"apiserver-{uuid.uuid4().hex[:26]}")
+    # storage group-resource ("events", "deployments.apps") -> storage version
+    storage_versions: dict[str, str] = field(default_factory=dict)
+    encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
+    # Feature gates that serve optional built-in APIs (resources.FEATURE_GATES). StorageVersionMigrator
+    # is off by default, as beta APIs are on a real v1.36 server; StorageVersionAPI is on (alpha, off
+    # upstream, but kubesim has always published StorageVersions and our reference cluster had it on).
+    feature_gates: set[str] = field(default_factory=lambda: {STORAGE_VERSION_API_GATE})

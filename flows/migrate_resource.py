@@ -57,7 +57,14 @@ from tasks.migrating import (
     restart_pass,
     start_migration,
 )
-from tasks.write_budget import RateLimitInfo, batch_for, ensure_write_rate_limit, release_writer, writer_lease
+from tasks.write_budget import (
+    RateLimitInfo,
+    batch_for,
+    ensure_write_rate_limit,
+    rejoin_writer,
+    release_writer,
+    writer_lease,
+)
 
 #: The progress artifact is updated at most this often (one API call; issue 13).
 ARTIFACT_SECONDS = 5.0
@@ -186,6 +193,7 @@ def _migrate_passes(
             restart_pass(settings, handle, reason=verdict.reason, message=verdict.message)
             run.progress, run.failures, run.token = MigrationProgress(), [], None
             run.passes, baseline = run.passes + 1, now
+            rejoin_writer(budget)  # released after the last chunk of the pass before
             continue
         if run.token is None:
             return

@@ -225,8 +225,10 @@ def writer_lease(info: RateLimitInfo) -> Iterator[RateLimitInfo]:
         yield info
     finally:
         with _HELD_LOCK:
-            _HELD.pop(info.holder, None)
-        lease.leave()
+            again = _HELD.pop(info.holder, None)  # the one `rejoin_writer` took, if any
+        if again is not None and again is not lease:
+            again.leave()
+        lease.leave()  # a second leave (after release_writer) does nothing
 
 
 def release_writer(info: RateLimitInfo) -> None:
@@ -238,6 +240,24 @@ def release_writer(info: RateLimitInfo) -> None:
         lease = _HELD.pop(info.holder, None)
     if lease is not None:
         lease.leave()
+
+
+def rejoin_writer(info: RateLimitInfo) -> None:
+    """A new pass writes again after `release_writer`: take the run's lease back once,
+    so its chunks share one lease instead of joining (and waiting) chunk by chunk."""
+    if info.name is None or info.holder is None:
+        return
+    with _HELD_LOCK:
+        if info.holder in _HELD:
+            return
+    lease = WriterLease(info)
+    try:
+        lease.join()
+    except Exception as exc:  # noqa: BLE001 - chunk_pacer falls back to a lease per chunk
+        log.warning("write budget %s unavailable (%s): the pass joins chunk by chunk", info.name, exc)
+        return
+    with _HELD_LOCK:
+        _HELD[info.holder] = lease
 
 
 @contextmanager

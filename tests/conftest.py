@@ -23,9 +23,6 @@ import pytest
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-# The test server runs on SQLite, where a global-concurrency-limit acquisition can
-# wait seconds on the database lock; tests of the shared budget turn it back on.
-os.environ.setdefault("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
 # The ledger (issue 12): the session's runs are recorded in a file of its own, never ./storage-migrator.db;
 # tests of the ledger point STORAGE_MIGRATOR_DATABASE_URL at their own database.
 if "STORAGE_MIGRATOR_DATABASE_URL" not in os.environ:

@@ -544,16 +544,20 @@ class Registry:
         preconditions: dict[str, Any] | None = None,
         dry_run: bool = False,
     ) -> dict[str, Any]:
-        kv, stored = self._read(rt, namespace, name)
-        current = self.served(rt, version, stored.obj, kv)
         pre = preconditions or {}
-        if pre.get("resourceVersion") and str(pre["resourceVersion"]) != current["metadata"]["resourceVersion"]:
-            raise conflict(rt.resource, rt.group, name)
-        if pre.get("uid") and pre["uid"] != current["metadata"].get("uid"):
-            raise conflict(rt.resource, rt.group, name)
-        if not dry_run:
-            if self.etcd.delete(rt.key(namespace, name), mod_revision=kv.mod_revision) is None:
+        while True:
+            kv, stored = self._read(rt, namespace, name)
+            current = self.served(rt, version, stored.obj, kv)
+            if pre.get("resourceVersion") and str(pre["resourceVersion"]) != current["metadata"]["resourceVersion"]:
                 raise conflict(rt.resource, rt.group, name)
+            if pre.get("uid") and pre["uid"] != current["metadata"].get("uid"):
+                raise conflict(rt.resource, rt.group, name)
+            if dry_run or self.etcd.delete(rt.key(namespace, name), mod_revision=kv.mod_revision) is not None:
+                break
+            # kube-apiserver's etcd3 store (conditionalDelete) re-reads and retries when the
+            # object changed between its read and its delete: a DELETE without preconditions
+            # never answers 409 for a concurrent write; with them, the fresh object is checked.
+        if not dry_run:
             if rt.resource == "namespaces" and not rt.group:
                 self._delete_namespace_contents(name)
             if rt.resource == "customresourcedefinitions":

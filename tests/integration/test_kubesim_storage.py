@@ -390,6 +390,44 @@ def test_writes_to_a_deleted_object_are_404(kubesim: Any, namespace: str) -> Non
     assert kubesim.etcd.get(f"/registry/configmaps/{namespace}/gone".encode())[0] is None
 
 
+def test_a_delete_racing_writes_is_never_409_without_preconditions(kubesim: Any, namespace: str) -> None:
+    """kube-apiserver's etcd3 store (`conditionalDelete`) re-reads and retries a delete whose
+    object changed meanwhile: only a precondition makes a DELETE answer 409. Seen when a
+    StorageVersionMigration was deleted while its run checkpointed (tests/integration/
+    test_migrate_flow.py's cancellation test got a 409 from kubesim)."""
+    url = kubesim.url
+    for i in range(20):
+        name = f"raced-{i}"
+        create_cm(url, namespace, name)
+        stop = threading.Event()
+
+        def write(name: str = name, stop: threading.Event = stop) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                call(url, "PATCH", cm_path(namespace, name), {"data": {"n": str(n)}}, content_type=MERGE)
+
+        writers = [threading.Thread(target=write) for _ in range(2)]
+        for writer in writers:
+            writer.start()
+        try:
+            reply = call(url, "DELETE", cm_path(namespace, name))
+        finally:
+            stop.set()
+            for writer in writers:
+                writer.join()
+        assert reply.status == 200, (name, reply.status, reply.doc)
+        assert kubesim.etcd.get(f"/registry/configmaps/{namespace}/{name}".encode())[0] is None
+    obj = create_cm(url, namespace, "guarded")
+    ok(call(url, "PATCH", cm_path(namespace, "guarded"), {"data": {"n": "1"}}, content_type=MERGE))
+    stale = {
+        "kind": "DeleteOptions",
+        "apiVersion": "v1",
+        "preconditions": {"resourceVersion": obj["metadata"]["resourceVersion"]},
+    }
+    assert call(url, "DELETE", cm_path(namespace, "guarded"), stale).status == 409
+
+
 # ----- LIST -------------------------------------------------------------------------
 
 

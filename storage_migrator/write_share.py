@@ -12,8 +12,17 @@ there are; two rules make sure of that:
   `max_age` seconds after the read was *sent*; with an older view it stops
   writing until a read succeeds (a slow or unreachable server pauses writes,
   never speeds them up);
-- a writer that joins while others hold leases waits `max_age` before its
-  first write: by then every other writer's view was read after it joined.
+- a writer that joins while others hold leases waits `max_age` (plus
+  CATCH_UP_SECONDS, below) before its first write: by then every other
+  writer's view was read after it joined.
+
+A writer alone makes up short pauses (a chunk's LIST and checkpoint) within
+its 10 s count: once its views have said "one writer" without a gap for
+`window + max_age` seconds, nobody else wrote in any window it writes in, so
+its bucket may hold CATCH_UP_SECONDS of writes instead of BURST. A joiner's
+extra CATCH_UP_SECONDS wait lets that saved-up second leave the window
+before the joiner writes; a writer that is left alone after others catches
+up only once their last writes are a whole window old.
 
 Why not a slot-decay rate limit (what this replaced): on the Prefect server a
 refused acquisition updates the limit's row and restarts its decay clock, so
@@ -34,7 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["ShareView", "WindowedLimiter", "share_quota"]
+__all__ = ["CATCH_UP_SECONDS", "ShareView", "WindowedLimiter", "share_quota"]
 
 #: The promise is checked over this many seconds (issue 13: "never above 1.0 in any 10 s window").
 WINDOW_SECONDS = 10.0
@@ -45,6 +54,9 @@ JITTER_SECONDS = 0.1
 #: Writes a writer may make back to back: one late wake-up (a loaded machine) is
 #: caught up instead of lost; the sliding-window count still caps every window.
 BURST = 2.0
+#: Seconds of writes a writer alone may save up (its pauses between chunks), and
+#: the extra wait of a joiner while others hold leases.
+CATCH_UP_SECONDS = 1.0
 
 
 def share_quota(rate: float, writers: int, window: float = WINDOW_SECONDS) -> int:
@@ -100,6 +112,8 @@ class WindowedLimiter:
         self._clock = clock
         self._sleep = sleep
         self._view: ShareView | None = None
+        #: when the views began to say "one writer" without a gap longer than max_age
+        self._alone_since: float | None = None
         self._writes: deque[float] = deque()
         self._tokens = 1.0
         self._refilled = clock()
@@ -107,8 +121,22 @@ class WindowedLimiter:
 
     def set_view(self, view: ShareView) -> None:
         with self._lock:
-            if self._view is None or view.sent_at >= self._view.sent_at:
-                self._view = view
+            previous = self._view
+            if previous is not None and view.sent_at < previous.sent_at:
+                return
+            if view.writers != 1:
+                self._alone_since = None
+            elif self._alone_since is None or previous is None or view.sent_at - previous.sent_at > self.max_age:
+                # a gap longer than max_age may hide a writer that joined, wrote and left
+                self._alone_since = view.sent_at
+            self._view = view
+
+    def _capacity(self, now: float, pace: float) -> float:
+        """The bucket's size: BURST, or CATCH_UP_SECONDS of writes for a writer long alone."""
+        alone = self._alone_since
+        if alone is not None and now - alone >= self.window + self.max_age:
+            return max(BURST, CATCH_UP_SECONDS * pace)
+        return BURST
 
     @property
     def quota(self) -> int | None:
@@ -130,7 +158,7 @@ class WindowedLimiter:
             # the oldest write leaves the window just after `window` seconds
             return self._writes[-quota] + self.window - now + 1e-6
         pace = quota / self.window
-        self._tokens = min(BURST, self._tokens + (now - self._refilled) * pace)
+        self._tokens = min(self._capacity(now, pace), self._tokens + (now - self._refilled) * pace)
         self._refilled = now
         if self._tokens < 1.0:
             return (1.0 - self._tokens) / pace

@@ -33,7 +33,7 @@ from storage_migrator.models import is_condition_true, new_storage_version_migra
 from storage_migrator.settings import Settings
 
 # About 3 minutes at a load of 6 on 2 cores, 7 at a load of 20: above the suite's 300 s default.
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(900)]
 
 RESOURCES = ("configmaps", "secrets", "serviceaccounts")
 OBJECTS = 300  # per resource, in the test's namespace
@@ -211,13 +211,13 @@ def run_kill_and_resume(stack: PrefectStack, ours: Any, names: dict[str, str], w
         return [m for m in mine if m and (s := read_migration(ours, m).status).progress is not None
                 and s.progress.listed >= CHUNK and not is_condition_true(s.conditions, "Succeeded")]  # fmt: skip
 
-    killed = wait_for(victim_mid_run, timeout=90, what=f"a migration on {VICTIM} with a checkpoint")
+    killed = wait_for(victim_mid_run, timeout=180, what=f"a migration on {VICTIM} with a checkpoint")
     taken = submitted(stack, VICTIM)
     assert len(stack.kill_worker(VICTIM)) >= 2, "the worker and at least one flow-run process"
     crash = Crash(migrations=killed, runs=taken, at=datetime.now(UTC), at_monotonic=time.monotonic(),
                   listed={m: read_migration(ours, m).status.progress.listed for m in killed})  # fmt: skip
     wait_for(lambda: all(is_condition_true(read_migration(ours, n).status.conditions, "Succeeded")
-                         for n in names.values()), timeout=150, what="every migration to succeed after the crash")  # fmt: skip
+                         for n in names.values()), timeout=240, what="every migration to succeed after the crash")  # fmt: skip
     return crash
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from kubernetes.client import ApiClient
 
 from kubesim.admin import Admin
-from kubesim.etcd import EtcdProcess
+from kubesim.etcd import EtcdProcess, free_port
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import create_object
 
@@ -68,7 +68,7 @@ class KubesimProcess:
         self.authz_warmup = authz_warmup
         self.encryption_config = encryption_config
         self.url = ""
-        self.port = 0
+        self.port = free_port()  # chosen once: a restart is the same server (same port, same apiServerID)
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property

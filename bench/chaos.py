@@ -252,7 +252,7 @@ def campaign_faults(args: argparse.Namespace, stack: PrefectStack, work: Path) -
         runs = FlowRuns(stack, sim, work, name, args.chunk)
         started = time.monotonic()
         with Compactor(admin, period=2.0) as compactor, Writers(
-            sim.api, resource="configmaps", namespace=NAMESPACE, names=sorted(sim.seeded), count=3, pause=0.05
+            sim.api, resource="configmaps", namespace=NAMESPACE, names=sorted(sim.seeded), count=3, pause=args.writer_pause
         ) as writers:  # fmt: skip
             succeeded = runs.until_succeeded(max_runs=1)
         seconds = time.monotonic() - started
@@ -376,6 +376,7 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=10, help="SIGKILLs of the flow process in (b)")
     parser.add_argument("--chunk", type=int, default=500, help="the flow's chunk (LIST page) size")
     parser.add_argument("--size", type=int, default=256, help="bytes of data per ConfigMap")
+    parser.add_argument("--writer-pause", type=float, default=0.05, help="seconds between a writer's operations in (a)")
     parser.add_argument("--warmup", type=float, default=2.5, help="seconds of 403s after each kubesim start in (c)")
     parser.add_argument("--prefect-down", type=float, default=15.0, help="seconds the Prefect server is down in (c)")
     parser.add_argument("--campaigns", default="abc", help="which of a, b, c to run")

@@ -18,9 +18,10 @@ no shared budget (bench/budget.py measures that) and an unlimited rate:
     Retry-After: 1 in both shapes, dropped connections, 0.2 s latency), etcd
     compacted every 2 s, three writers creating, updating and deleting
     ConfigMaps of the namespace throughout (storage version v1 -> v2);
-(b) the flow process SIGKILLed at random points (a uniformly random moment
-    within two chunk durations after its run's first checkpoint), --kills times,
-    a new run of the same request each time (v1 -> v2); rework per kill =
+(b) the flow process SIGKILLed at random points (--kills points drawn uniformly
+    over the objects; at each, once the run has checkpointed past it, a random
+    moment within two chunk durations), a new run of the same request each
+    time (v1 -> v2); rework per kill =
     (PATCH requests - objects) / kills, from kubesim's counters;
 (c) kubesim SIGKILLed and started again on the same port and etcd twice (at 20%
     and 50% of the objects), each time with a 403 window of --warmup seconds
@@ -288,22 +289,30 @@ def campaign_kills(args: argparse.Namespace, stack: PrefectStack, work: Path) ->
         runs = FlowRuns(stack, sim, work, name, args.chunk)
         started = time.monotonic()
         kills: list[str] = []
-        for k in range(args.kills):
+        # Random points over the whole run: a checkpoint count to reach, then a moment within two chunks.
+        targets = sorted(rng.uniform(0, objects) for _ in range(args.kills))
+        for k, target in enumerate(targets):
             proc = runs.spawn()
-            checkpoints = [(time.monotonic(), request_state(sim.api, name)[2])]
-            while len(checkpoints) < 3 and proc.poll() is None:  # two checkpoints of this run: a chunk's time
-                token = request_state(sim.api, name)[2]
-                if token != checkpoints[-1][1]:
-                    checkpoints.append((time.monotonic(), token))
+            _, listed, token = request_state(sim.api, name)
+            target = max(target, listed + 1)  # at least one checkpoint of this run
+            stamps: list[float] = []
+            while proc.poll() is None:
+                _, listed, now = request_state(sim.api, name)
+                if now != token:
+                    stamps.append(time.monotonic())
+                    token = now
+                    if listed >= target and len(stamps) >= 2:  # the last two give a chunk's time
+                        break
                 time.sleep(0.02)
             if proc.poll() is not None:
                 print(f"  {runs.ended()} before kill {k + 1}", flush=True)
                 break
-            delay = rng.uniform(0, 2 * (checkpoints[2][0] - checkpoints[1][0]))
+            delay = rng.uniform(0, 2 * (stamps[-1] - stamps[-2]))
             time.sleep(delay)
             runs.kill()
             _, listed, _ = request_state(sim.api, name)
-            kills.append(f"kill {k + 1}: {delay:.2f} s after a checkpoint, {listed} objects checkpointed")
+            kills.append(f"kill {k + 1}: {delay:.2f} s after the checkpoint at {target:.0f}+ objects; "
+                         f"{listed} objects checkpointed")  # fmt: skip
             print(f"  {kills[-1]}", flush=True)
         succeeded = runs.until_succeeded(max_runs=3)
         seconds = time.monotonic() - started

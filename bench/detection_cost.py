@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from bench.processes import REPO, KubesimProcess, machine, median_spread
+from bench.stand import REPO, KubesimProcess, machine, median_spread
 from devstack import PrefectStack
 from kubesim.etcd import EtcdProcess
 
@@ -121,7 +121,7 @@ def main() -> None:
             add_crds(kubectl, have, n, work)
             have = n
             resources = discovered(kubectl)
-            measured = polls(stack, kubesim.kubeconfig, args.polls)
+            measured = polls(stack, Path(kubesim.kubeconfig), args.polls)
             first, steady = measured[0], measured[1:]
             rows.append((n, resources, first, steady))
             print(f"{n} CRDs, {resources} resources: first poll {first['seconds']:.1f} s "
@@ -143,7 +143,7 @@ def main() -> None:
         secs = [p["seconds"] for p in steady]
         calls = sum(steady[-1]["verbs"].values())
         med = sorted(secs)[len(secs) // 2]
-        print(f"{n:>4} {resources:>9} {median_spread(secs):>20} {med / base_s:>7.2f} {calls:>5} "
+        print(f"{n:>4} {resources:>9} {median_spread(secs, digits=1):>20} {med / base_s:>7.2f} {calls:>5} "
               f"{calls / base_calls:>7.2f} {calls / resources:>14.2f} {first['seconds']:>12.1f} "
               f"{sum(first['verbs'].values()):>11}")  # fmt: skip
 

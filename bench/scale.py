@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from bench.processes import REPO, KubesimProcess, machine, median_spread, start_etcd
+from bench.stand import REPO, KubesimProcess, machine, median_spread, start_etcd
 from devstack import PrefectStack
 from kubesim.admin import Admin
 from kubesim.codec import canonical_json
@@ -59,6 +59,11 @@ print("RESULT " + json.dumps(r.model_dump() if hasattr(r, "model_dump") else {{"
 """
 
 
+def seeded(i: int, size: int) -> tuple[str, dict[str, str]]:
+    """The name and `data` of the i-th seeded ConfigMap (what a chaos verdict expects back)."""
+    return f"cm-{i:07d}", {"payload": f"{i:07d}".ljust(size, "x")}
+
+
 def seed(store: EtcdStore, n: int, size: int, threads: int = 4) -> float:
     """Write n ConfigMaps into etcd as kubesim's create would store them (version v1)."""
     created = now_rfc3339()
@@ -69,13 +74,13 @@ def seed(store: EtcdStore, n: int, size: int, threads: int = 4) -> float:
     def batch(start: int) -> None:
         items = []
         for i in range(start, min(start + BATCH, n)):
-            name = f"cm-{i:07d}"
+            name, data = seeded(i, size)
             obj = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {"name": name, "namespace": NAMESPACE, "uid": str(uuid.uuid4()),
                              "creationTimestamp": created, "labels": {"bench": "scale"}, "managedFields": managed},
-                "data": {"payload": f"{i:07d}".ljust(size, "x")},
+                "data": data,
             }  # fmt: skip
             items.append((PREFIX + name.encode(), canonical_json(obj)))
         store.put_many(items)
@@ -219,7 +224,7 @@ def main() -> None:
             version += 1
             admin.set_storage_version("configmaps", f"v{version}")
             before = configmap_requests(admin)
-            run = run_flow(stack, kubesim.kubeconfig, args.chunk, work / f"flow-{r}.log")
+            run = run_flow(stack, Path(kubesim.kubeconfig), args.chunk, work / f"flow-{r}.log")
             after = configmap_requests(admin)
             seen, stale = stale_values(store, f"v{version}")
             run.result["requests"] = {k: after.get(k, 0) - before.get(k, 0) for k in after}
@@ -248,12 +253,13 @@ def main() -> None:
     n = args.objects
     flow_s = [f.seconds for f in flows]
     print(f"\n{n} ConfigMaps, chunks of {args.chunk}, {args.rounds} round(s)")
-    print(f"flow wall s: {median_spread(flow_s)}; objects/s: {median_spread([n / s for s in flow_s])}")
+    print(f"flow wall s: {median_spread(flow_s, digits=1)}; "
+          f"objects/s: {median_spread([n / s for s in flow_s], digits=1)}")  # fmt: skip
     inner = [float(f.result["flow_run_seconds"]) for f in flows if f.result.get("flow_run_seconds")]  # type: ignore[arg-type]
     if inner:
-        print(f"flow run alone (log: begin to final state) s: {median_spread(inner)}; "
-              f"objects/s: {median_spread([n / s for s in inner])}")  # fmt: skip
-    print(f"flow peak RSS MB: {median_spread([f.peak_rss_mb for f in flows])}")
+        print(f"flow run alone (log: begin to final state) s: {median_spread(inner, digits=1)}; "
+              f"objects/s: {median_spread([n / s for s in inner], digits=1)}")  # fmt: skip
+    print(f"flow peak RSS MB: {median_spread([f.peak_rss_mb for f in flows], digits=1)}")
     for f in flows:
         q = f.rss_samples_mb
         marks = [q[int(len(q) * p)] for p in (0.1, 0.25, 0.5, 0.75)] + [q[-1]] if q else []
@@ -261,7 +267,8 @@ def main() -> None:
     print(f"Prefect DB MB: {db_before:.1f} before, {db_after:.1f} after {len(flows)} flow run(s)")
     done = [s for s in kubectls if s is not None]
     if done:
-        print(f"kubectl wall s: {median_spread(done)}; objects/s: {median_spread([n / s for s in done])}")
+        print(f"kubectl wall s: {median_spread(done, digits=1)}; "
+              f"objects/s: {median_spread([n / s for s in done], digits=1)}")  # fmt: skip
         print(f"flow speed vs kubectl (median wall kubectl / median wall flow): "
               f"{statistics.median(done) / statistics.median(flow_s):.2f}")  # fmt: skip
     elif kubectls:

@@ -36,7 +36,7 @@ from kubesim.errors import StatusError
 from kubesim.etcd import EtcdProcess, EtcdStore
 from kubesim.registry import Registry
 from kubesim.server import ApiServer
-from kubesim.server_config import EncryptionConfig, ServerConfig
+from kubesim.server_config import EncryptionConfig, ServerConfig, host_server_id
 
 
 def kubeconfig_doc(servers: list[ApiServer], *, token: str = "kubesim") -> dict[str, Any]:
@@ -153,7 +153,8 @@ class Cluster:
     ) -> ApiServer:
         """Start one more API server (its identity lease, StorageVersion entries and EndpointSlice)."""
         if config is None:
-            config = ServerConfig()
+            # A fixed port is a server that may be started again (a crash, an upgrade): a stable ID.
+            config = ServerConfig(server_id=host_server_id(port)) if port else ServerConfig()
             for gate, on in self._feature_gates.items():
                 (config.feature_gates.add if on else config.feature_gates.discard)(gate)
             if self._encryption_config is not None:

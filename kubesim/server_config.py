@@ -4,6 +4,9 @@ encryption at rest (keys from the admin API, or kube-apiserver's
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import socket
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +55,19 @@ class EncryptionConfig:
 
     def write_key(self, group_resource: str) -> str | None:
         return self.transformer(group_resource).write_key
+
+
+def host_server_id(port: int) -> str:
+    """The ID of the API server on `port` of this host, the same at every start.
+
+    kube-apiserver's is "apiserver-" + the lower-case unpadded base32 of the first
+    16 bytes of sha256(hostname, "kube-apiserver") (k8s.io/apiserver/pkg/server/
+    config.go, KEP-1965): a restart on the same host keeps its identity lease and
+    its StorageVersion entries. kubesim's servers share a host, so the port is
+    part of it: `python -m kubesim serve --port N` started again is the same server.
+    """
+    digest = hashlib.sha256(f"{socket.gethostname()}:{port}/kube-apiserver".encode()).digest()
+    return "apiserver-" + base64.b32encode(digest[:16]).decode().rstrip("=").lower()
 
 
 @dataclass

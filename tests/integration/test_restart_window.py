@@ -31,7 +31,7 @@ from kubernetes.client import ApiClient
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
-from kubesim.etcd import prefix_end
+from kubesim.etcd import EtcdProcess, free_port, prefix_end
 from storage_migrator.chunks import ChunkOptions, add_progress, migrate_chunk
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
@@ -282,3 +282,25 @@ def test_the_migrate_resource_flow_across_two_restarts_ends_succeeded(cluster: C
     keys = write_keys(cluster, namespace)
     assert len(keys) == count
     assert set(keys.values()) == {"key2"}
+
+
+def test_a_server_started_again_on_its_port_keeps_its_id_and_storage_versions() -> None:
+    """kube-apiserver's ID is a hash of its host name (k8s.io/apiserver/pkg/server/config.go,
+    KEP-1965), so a crashed server started again is the same server: its StorageVersion
+    entries stand and the objects' resourceVersions do not move. A new ID per start made
+    every restart look like seed 001's "storage version changed while the migration ran"
+    and cost a whole new pass (bench/chaos.py, campaign (c); issue 13)."""
+    path = "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions/core.configmaps"
+    with EtcdProcess() as etcd:
+        port = free_port()
+        with Cluster(etcd_url=etcd.url, port=port) as first:
+            server_id = first.server.registry.config.server_id
+            url = first.server.url
+            before = json.loads(http(f"{url}{path}")[1])
+        with Cluster(etcd_url=etcd.url, port=port) as again:
+            assert again.server.registry.config.server_id == server_id
+            code, body = http(f"{url}{path}")
+    assert code == 200
+    after = json.loads(body)
+    assert [e["apiServerID"] for e in after["status"]["storageVersions"]] == [server_id]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]

@@ -83,5 +83,10 @@ class Admin:
     def counters(self) -> dict[str, Any]:
         return dict(self._call("GET", "counters"))
 
+    def timeline(self) -> dict[str, list[tuple[int, int]]]:
+        """Writes the server saw per tenth of a second (wall clock), by "verb resource"."""
+        tenths = self._call("GET", "timeline")["tenths"]
+        return {key: [(int(t), int(n)) for t, n in rows] for key, rows in tenths.items()}
+
     def reset_counters(self) -> dict[str, Any]:
         return dict(self._call("DELETE", "counters"))

@@ -157,6 +157,8 @@ class AdminOperations:
             return self.set_faults({"rules": []})
         if route == "counters" and method == "GET":
             return self.counters()
+        if route == "timeline" and method == "GET":
+            return {"tenths": self.faults.timeline()}
         if route == "counters" and method == "DELETE":
             self.faults.reset()
             self.registry.etcd.writes = 0

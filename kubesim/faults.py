@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from typing import Any, Literal
 
@@ -70,6 +71,11 @@ _REASONS = {
 }
 
 
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete"})
+#: Tenths of a second of write times kept per verb and resource (half an hour).
+TIMELINE_TENTHS = 18_000
+
+
 def reason_for(code: int) -> str:
     return _REASONS.get(code, "Unknown")
 
@@ -86,6 +92,9 @@ class Faults:
         self.bytes_in = 0
         self.bytes_out = 0
         self.faults_fired = 0
+        #: "verb resource" -> writes per tenth of a second (wall clock), for the write-budget
+        #: judge: when the server saw each write, not when a client sampled a counter.
+        self.write_times: dict[str, Counter[int]] = {}
 
     def set_rules(self, rules: list[FaultRule]) -> None:
         with self._lock:
@@ -110,10 +119,16 @@ class Faults:
         return None
 
     def count(self, verb: str, resource: str, *, bytes_in: int = 0) -> None:
+        tenth = int(time.time() * 10)
         with self._lock:
             self.requests[verb] += 1
             if resource:
                 self.requests_by_resource[f"{verb} {resource}"] += 1
+                if verb in WRITE_VERBS:
+                    times = self.write_times.setdefault(f"{verb} {resource}", Counter())
+                    times[tenth] += 1
+                    while len(times) > TIMELINE_TENTHS:  # keep the last half hour (oldest inserted first)
+                        del times[next(iter(times))]
             self.bytes_in += bytes_in
 
     def sent(self, n: int) -> None:
@@ -130,8 +145,14 @@ class Faults:
                 "faultsFired": self.faults_fired,
             }
 
+    def timeline(self) -> dict[str, list[list[int]]]:
+        """Writes per tenth of a second: {"patch configmaps": [[tenth, n], ...]}, oldest first."""
+        with self._lock:
+            return {key: [[t, n] for t, n in sorted(times.items())] for key, times in self.write_times.items()}
+
     def reset(self) -> None:
         with self._lock:
             self.requests.clear()
             self.requests_by_resource.clear()
+            self.write_times.clear()
             self.bytes_in = self.bytes_out = self.faults_fired = 0

@@ -15,6 +15,7 @@ import hashlib
 import http.client
 import json
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -667,6 +668,8 @@ def test_counters_follow_requests_and_etcd_writes(kubesim: Any, namespace: str) 
     zero = kubesim.admin.counters()
     assert zero["requests"] == {}
     assert zero["etcdWrites"] == 0
+    assert kubesim.admin.timeline() == {}
+    began = int(time.time() * 10)
 
     call(url, "GET", cm_path(namespace, "counted"))
     call(url, "GET", cm_path(namespace, "counted"))
@@ -685,6 +688,13 @@ def test_counters_follow_requests_and_etcd_writes(kubesim: Any, namespace: str) 
     assert counters["faultsFired"] == 1
     assert counters["bytesIn"] > 0
     assert counters["bytesOut"] > 0
+    # The write budget's judge (bench/budget.py): when the server saw each write, per tenth
+    # of a second of its own clock; reads are not in it.
+    ended = int(time.time() * 10)
+    timeline = kubesim.admin.timeline()
+    assert set(timeline) == {"patch configmaps", "create configmaps", "delete configmaps"}
+    assert sum(n for _, n in timeline["patch configmaps"]) == 2
+    assert all(began <= tenth <= ended for rows in timeline.values() for tenth, _ in rows)
 
 
 # ----- status subresource and generation ------------------------------------------------

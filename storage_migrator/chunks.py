@@ -36,7 +36,7 @@ from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.backoff import retry_delay
-from storage_migrator.failures import object_failure
+from storage_migrator.failures import answer_summary, object_failure
 from storage_migrator.kube.errors import (
     RBAC_FIX,
     Conflict,
@@ -232,11 +232,13 @@ def _list(ctx: _Context, token: str | None) -> tuple[ListPage, int]:
             # one the LIST restarts (objects re-done are only "unchanged", none skipped).
             relisted += 1
             if relisted > MAX_EXPIRED_RELISTS:
-                raise MigrationAborted("ListExpired", f"LIST {ref} kept answering 410 Expired: {exc.message}") from exc
+                raise MigrationAborted(
+                    "ListExpired", f"LIST {ref} kept answering 410 Expired ({MAX_EXPIRED_RELISTS} re-LISTs)"
+                ) from exc
             token = exc.continue_token
         except NotFound as exc:
             raise MigrationAborted(
-                "ResourceNotServed", f"resource no longer served: LIST {ref} answered 404 ({exc.message})"
+                "ResourceNotServed", f"resource no longer served: LIST {ref} answered {answer_summary(exc)}"
             ) from exc
         except KubeError as exc:
             step = ctx.next_step(exc, attempt=attempt, max_attempts=options.max_list_attempts, settled_for=settled_for)
@@ -244,7 +246,7 @@ def _list(ctx: _Context, token: str | None) -> tuple[ListPage, int]:
                 tries = f"{attempt + 1} times" if is_retriable(exc) else "for good"
                 fix = f" ({RBAC_FIX})" if isinstance(exc, Forbidden) and exc.permission else ""
                 raise MigrationAborted(
-                    "ListFailed", f"LIST {ref} failed {tries}, last: {exc.code} {exc.reason}: {exc.message}{fix}"
+                    "ListFailed", f"LIST {ref} failed {tries}, last: {answer_summary(exc)}{fix}"
                 ) from exc
             if step == "settle":
                 settled_for += ctx.wait(exc, step, attempt=settles)
@@ -312,7 +314,7 @@ def _write_one(
         except MethodNotAllowed as exc:
             stop.set()
             raise MigrationAborted(
-                "MethodNotAllowed", f"{ref} cannot be written ({exc.what}: 405 {exc.message})"
+                "MethodNotAllowed", f"{ref} cannot be written ({exc.what}: {answer_summary(exc)})"
             ) from exc
         except KubeError as exc:
             step: RetryStep = "fail"

@@ -24,7 +24,15 @@ from typing import Final
 from storage_migrator.kube.errors import Forbidden, KubeError
 from storage_migrator.models import ObjectFailure
 
-__all__ = ["DENIED_PREFIX", "MAX_FIELDS", "SCRUBBED_PREFIX", "fix_hint", "object_failure", "scrubbed_detail"]
+__all__ = [
+    "DENIED_PREFIX",
+    "MAX_FIELDS",
+    "SCRUBBED_PREFIX",
+    "answer_summary",
+    "fix_hint",
+    "object_failure",
+    "scrubbed_detail",
+]
 
 #: Field paths kept per failure: enough to find the problem, short enough for a status.
 MAX_FIELDS: Final = 5
@@ -64,6 +72,16 @@ def object_failure(*, namespace: str | None, name: str, exc: KubeError) -> Objec
     detail = DENIED_PREFIX + permission if permission else scrubbed_detail(exc)
     return ObjectFailure(namespace=namespace, name=name, code=exc.code, reason=_reason(exc.reason),
                          message=detail)  # fmt: skip
+
+
+def answer_summary(exc: KubeError) -> str:
+    """`403 Forbidden, denied: User "u" cannot list ...` or `422 Invalid, fields: ...`: an
+    answer as a whole-run verdict may quote it (LIST failures, a 405). A conversion webhook
+    failing a LIST can put an object's values in its message, so the message is dropped
+    here as it is for single objects."""
+    failure = object_failure(namespace=None, name="", exc=exc)
+    head = " ".join(part for part in (str(exc.code) if exc.code else "no answer", failure.reason) if part)
+    return f"{head}, {failure.message}" if failure.message else head
 
 
 def _reason(text: str) -> str:

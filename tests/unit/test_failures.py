@@ -155,3 +155,24 @@ def test_an_rbac_denial_is_recorded_as_the_permission_and_a_webhook_403_as_nothi
     webhook = object_failure(namespace="ns", name="cm", exc=Forbidden(
         code=403, reason="Forbidden", message=f"admission webhook denied: {SENTINEL}", what="PATCH configmaps ns/cm"))  # fmt: skip
     assert webhook.message == "" and SENTINEL not in failure_summary([webhook], 1)
+
+
+def test_a_whole_run_verdict_quotes_the_answer_without_its_message() -> None:
+    """Issue 12 item 6 for the verdicts that end a run (a LIST failing, a 405): a conversion
+    webhook failing a LIST may quote an object in its message, so only the code, the reason
+    and the field paths or the denied permission are kept."""
+    from storage_migrator.failures import answer_summary
+
+    webhook = KubeError(code=500, reason="InternalError", what="LIST widgets",
+                        message=f'conversion webhook for example.com/v2, Kind=Widget failed: "{SENTINEL}"')  # fmt: skip
+    assert answer_summary(webhook) == "500 InternalError"
+    assert (
+        answer_summary(_error(INVALID))
+        == "422 Invalid, fields: data.password (FieldValueInvalid), data.user (FieldValueRequired)"
+    )
+    denial = Forbidden(code=403, reason="Forbidden", what="LIST secrets",
+                       message='secrets is forbidden: User "u" cannot list resource "secrets" in API group "" at the cluster scope')  # fmt: skip
+    assert answer_summary(denial) == (
+        '403 Forbidden, denied: User "u" cannot list resource "secrets" in API group "" at the cluster scope'
+    )
+    assert answer_summary(KubeError(code=0, reason="", message=SENTINEL, what="LIST x")) == "no answer"

@@ -209,7 +209,8 @@ class Settings(BaseSettings):
         description=(
             "How long a run waits at its end, and a process at its exit, for queued ledger rows "
             "to be written, in seconds. Default 10: enough for a healthy database; rows still "
-            "queued after that are lost with the process and show as a gap in `history`."
+            "queued after that are lost with the process: `history` then lists the run as `unrecorded` "
+            "(no start row) or `unknown` (no outcome row), from the cluster's requests."
         ),
     )
     ledger_queue_size: int = Field(

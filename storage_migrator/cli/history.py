@@ -4,7 +4,8 @@ Issue 12: outcome, who asked, counters, and the flow run with its Prefect UI
 URL. The ledger may have a gap (the database was down longer than the writer
 retried): its gap rows are listed, and the cluster's StorageVersionMigration
 objects that ran with no run row in the ledger are listed too (the Kubernetes
-objects are the source of truth; the ledger only their history).
+objects are the source of truth; the ledger only their history), and a run
+whose end never reached the ledger is shown `unknown` once it is over.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import typer
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.ledger import queries
-from storage_migrator.ledger.database import ledger_engine
+from storage_migrator.ledger.database import display_url, ledger_engine
 from storage_migrator.ledger.queries import Gap, RunHistory, UnrecordedMigration
 from storage_migrator.ledger.recorder import requested_by
 from storage_migrator.migrations import list_migrations
-from storage_migrator.models import MIGRATIONS_KIND_NAME
+from storage_migrator.models import MIGRATIONS_KIND_NAME, StorageVersionMigration, phase_from_conditions
 
 __all__ = ["command", "parse_since"]
 
@@ -67,15 +68,19 @@ def _gap_row(g: Gap) -> dict[str, Any]:
     return row
 
 
-def _unrecorded(ctx: typer.Context, recorded: set[str], resource: str | None, since: datetime | None) -> list[Any]:
-    """The cluster's requests that ran with no run row; [] with a warning when the cluster cannot be read."""
+def _requests(ctx: typer.Context) -> list[StorageVersionMigration] | None:
+    """The cluster's requests; None with a warning when the cluster cannot be read."""
     try:
         with kube_api(settings_of(ctx)) as api:
-            requests = list_migrations(api)
+            return list_migrations(api)
     except Exception as exc:  # noqa: BLE001 - the ledger's answer stands on its own; say what was not checked
-        print(f"warning: could not list {MIGRATIONS_KIND_NAME} to find runs missing from the ledger: {exc}",
-              file=sys.stderr)  # fmt: skip
-        return []
+        print(f"warning: could not list {MIGRATIONS_KIND_NAME} to cross-check the ledger: {exc}", file=sys.stderr)
+        return None
+
+
+def _unrecorded(requests: list[StorageVersionMigration], recorded: set[str], resource: str | None,
+                since: datetime | None) -> list[Any]:  # fmt: skip
+    """The cluster's requests that ran with no run row."""
     by_uid = {m.metadata.uid: m for m in requests}
     out = []
     for u in queries.unrecorded_migrations(requests, recorded, since=since):
@@ -126,14 +131,18 @@ def command(
         gaps = queries.gaps(engine, since=after)
         recorded = queries.recorded_uids(engine)
     except Exception as exc:
-        print(f"storage-migrator: the ledger at {settings.database_url!r} could not be read: {exc}", file=sys.stderr)
+        print(f"storage-migrator: the ledger at {display_url(settings.database_url)!r} could not be read: {exc}",
+              file=sys.stderr)  # fmt: skip
         raise typer.Exit(1) from exc
-    rows: list[dict[str, Any]] = [{"kind": "run", **r.model_dump()} for r in runs]
+    requests = _requests(ctx) if cluster else None
+    phases = None if requests is None else {m.metadata.uid or "": phase_from_conditions(m.status.conditions)
+                                            for m in requests}  # fmt: skip
+    rows: list[dict[str, Any]] = [{"kind": "run", **r.model_dump()} for r in queries.settle_open_runs(runs, phases)]
     rows += [_gap_row(g) for g in gaps if not name or not g.resources or name in g.resources]
-    rows += _unrecorded(ctx, recorded, name, after) if cluster else []
+    rows += _unrecorded(requests, recorded, name, after) if requests is not None else []
     rows.sort(key=lambda r: r["started_at"] or r["finished_at"] or datetime.min.replace(tzinfo=UTC), reverse=True)
     for row in rows:
-        if row["kind"] != "run":
+        if row["kind"] != "run" or row["outcome"] == "unknown":
             print(f"warning: {row['message']}", file=sys.stderr)
     data = [{k: (v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v) for k, v in r.items()}
             for r in rows]  # fmt: skip

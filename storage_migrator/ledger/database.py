@@ -19,7 +19,15 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
-__all__ = ["LedgerConfigError", "engine_for", "ensure_schema", "head_revision", "ledger_engine", "schema_revision"]
+__all__ = [
+    "LedgerConfigError",
+    "display_url",
+    "engine_for",
+    "ensure_schema",
+    "head_revision",
+    "ledger_engine",
+    "schema_revision",
+]
 
 MIGRATIONS_DIR = Path(__file__).parent / "schema_migrations"
 VERSION_TABLE = "ledger_schema_version"
@@ -41,14 +49,22 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
+def display_url(url: str) -> str:
+    """The URL as messages may show it: never its password (a PostgreSQL URL carries one)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number
+        return "(not a SQLAlchemy URL)"
+
+
 @cache
 def engine_for(url: str) -> Engine:
     """The process's engine for `url` (not connected yet: an unreachable database fails on first use)."""
     try:
         parsed = make_url(url)
-    except ArgumentError as exc:
+    except (ArgumentError, ValueError) as exc:
         raise LedgerConfigError(
-            f"STORAGE_MIGRATOR_DATABASE_URL {url!r} is not a SQLAlchemy URL: use sqlite:///PATH "
+            "STORAGE_MIGRATOR_DATABASE_URL is not a SQLAlchemy URL: use sqlite:///PATH "
             "or postgresql+psycopg://USER:PASSWORD@HOST:PORT/DB"
         ) from exc
     if parsed.get_backend_name() == "sqlite":

@@ -9,7 +9,7 @@ documents them). A run is its start row joined with its outcome row in Python
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from pydantic import BaseModel, Field
@@ -34,6 +34,7 @@ __all__ = [
     "last_poll",
     "object_counts",
     "recorded_uids",
+    "settle_open_runs",
     "state_changes",
     "unrecorded_migrations",
 ]
@@ -57,7 +58,10 @@ class RunHistory(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     duration_seconds: float | None
-    outcome: str = Field(description="succeeded, failed, cancelled, crashed, or running (no outcome row yet).")
+    outcome: str = Field(
+        description="succeeded, failed, cancelled, crashed, running (no outcome row yet), or "
+        "unknown (no outcome row, and the run is over: see settle_open_runs)."
+    )
     reason: str
     message: str
     listed: int
@@ -212,6 +216,44 @@ def last_full_migration(engine: Engine, resource: str, *, ui_url: str | None = N
         if end is None:
             return None
         return _merge(session.get(RunRow, end.run_id), end, ui_url)
+
+
+#: The reason `history` gives a run whose end the ledger never got.
+NO_OUTCOME = "OutcomeNotInLedger"
+
+
+def settle_open_runs(runs: list[RunHistory], phases: Mapping[str, str] | None) -> list[RunHistory]:
+    """Runs with no outcome row that are over anyway, shown as `unknown` instead of `running`.
+
+    A run has no outcome row while it runs, and forever when its process died first (a
+    killed worker, or a ledger outage that outlived the process: the row was queued, never
+    written). Such a run is over when a later run of the same request exists or, with the
+    cluster read (`phases`: request uid -> phase), when its request is finished or gone.
+    """
+    latest: dict[str, datetime] = {}
+    for run in runs:
+        if run.started_at is not None:
+            latest[run.migration_uid] = max(run.started_at, latest.get(run.migration_uid, run.started_at))
+    out = []
+    for run in runs:
+        if run.outcome != "running":
+            out.append(run)
+            continue
+        superseded = run.started_at is not None and latest[run.migration_uid] > run.started_at
+        phase = None if phases is None else phases.get(run.migration_uid, "deleted")
+        if not superseded and phase in (None, "Running", "Pending"):
+            out.append(run)
+            continue
+        if superseded:
+            now = "a later run of its request exists"
+        else:
+            now = "its request was deleted" if phase == "deleted" else f"its request is {phase}"
+        out.append(run.model_copy(update={
+            "outcome": "unknown", "reason": NO_OUTCOME,
+            "message": f"the ledger has no end for this run (its process stopped before writing it: killed, or "
+                       f"the ledger unreachable until then); {now}",
+        }))  # fmt: skip
+    return out
 
 
 def unrecorded_migrations(

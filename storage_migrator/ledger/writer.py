@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.orm import Session
 
-from storage_migrator.ledger.database import engine_for, ensure_schema
+from storage_migrator.ledger.database import display_url, engine_for, ensure_schema
 from storage_migrator.ledger.records import LedgerRecord
 from storage_migrator.ledger.schema import GapRow
 
@@ -156,10 +156,7 @@ class LedgerWriter:
 
     @property
     def _safe_url(self) -> str:
-        try:
-            return engine_for(self.url).url.render_as_string(hide_password=True)
-        except Exception:  # noqa: BLE001 - only for a log line
-            return "(invalid URL)"
+        return display_url(self.url)
 
     def _run(self) -> None:
         while True:

@@ -20,6 +20,7 @@ from storage_migrator.cli.history import parse_since
 from storage_migrator.ledger import queries
 from storage_migrator.ledger.database import (
     LedgerConfigError,
+    display_url,
     engine_for,
     head_revision,
     ledger_engine,
@@ -76,6 +77,18 @@ def test_a_ledger_written_by_a_newer_version_is_refused_with_the_fix(tmp_path: P
 def test_a_url_that_is_not_a_database_names_the_setting() -> None:
     with pytest.raises(LedgerConfigError, match="STORAGE_MIGRATOR_DATABASE_URL"):
         engine_for("mysql://somewhere/ledger")
+
+
+def test_no_message_shows_the_database_password() -> None:
+    """The ledger's URL is shown in errors and logs (DESIGN 8's rule for bodies holds for
+    credentials too): its password never is, even when the URL cannot be parsed."""
+    assert display_url("postgresql+psycopg://ledger:hunter2@db:5432/ledger") == (
+        "postgresql+psycopg://ledger:***@db:5432/ledger"
+    )
+    assert "hunter2" not in display_url("postgresql+psycopg://ledger:hunter2@db:notaport/ledger")
+    with pytest.raises(LedgerConfigError) as caught:
+        engine_for("postgres ql://ledger:hunter2@db/ledger")
+    assert "hunter2" not in str(caught.value)
 
 
 def test_a_run_its_chunks_and_its_outcome_read_back_as_history(tmp_path: Path) -> None:
@@ -222,3 +235,27 @@ def test_state_change_lists_are_stored_as_json(tmp_path: Path) -> None:
     with ledger_engine(url).connect() as conn:
         row = conn.exec_driver_sql("SELECT old_persisted, new_persisted FROM state_changes").one()
     assert [json.loads(v) for v in row] == [["a"], ["a", "b"]]
+
+
+def test_a_run_whose_end_never_reached_the_ledger_is_unknown_once_it_is_over(tmp_path: Path) -> None:
+    """Issue 12: "the gap shows in `history`". A run's outcome row is lost with its process
+    when the process dies first (killed, or the ledger down until its exit): it is shown as
+    `unknown`, not `running`, once a later run of the request exists or the request is over."""
+    url = _url(tmp_path / "open.db")
+    writer = LedgerWriter(url)
+    _run(writer, uid="killed")  # a run killed mid-way; the request's next run finished it
+    later = _run(writer, uid="killed")
+    later.ended("succeeded", later.progress, reason="Completed")
+    _run(writer, resource="configmaps", uid="done-elsewhere")  # its request says Succeeded
+    _run(writer, resource="serviceaccounts", uid="live")  # still running
+    assert writer.flush(10)
+    runs = queries.history(ledger_engine(url))
+    phases = {"killed": "Succeeded", "done-elsewhere": "Succeeded", "live": "Running"}
+    settled = {(r.migration_uid, r.outcome, r.reason) for r in queries.settle_open_runs(runs, phases)}
+    assert settled == {("killed", "unknown", queries.NO_OUTCOME), ("killed", "succeeded", "Completed"),
+                       ("done-elsewhere", "unknown", queries.NO_OUTCOME), ("live", "running", "")}  # fmt: skip
+    # Without the cluster only a later run tells; a deleted request ends its run too.
+    alone = {(r.migration_uid, r.outcome) for r in queries.settle_open_runs(runs, None)}
+    assert alone == {("killed", "unknown"), ("killed", "succeeded"), ("done-elsewhere", "running"), ("live", "running")}
+    gone = queries.settle_open_runs([r for r in runs if r.migration_uid == "live"], {})
+    assert [(r.outcome, "deleted" in r.message) for r in gone] == [("unknown", True)]

@@ -22,6 +22,7 @@ from prefect.states import Failed
 
 from flows.events import delivered_events
 from flows.polling import PollSummary, poll
+from flows.run_logs import our_logs_in_the_run
 from flows.run_migrations import run_migrations
 from storage_migrator.settings import Settings
 
@@ -42,7 +43,8 @@ def detect_storage_changes(
     `settle_seconds` the delay after a change before a migration is requested."""
     settings = Settings.with_overrides(settle_seconds=settle_seconds, poll_seconds=poll_seconds,
                                        kubeconfig=kubeconfig, context=context)  # fmt: skip
-    with delivered_events():  # issue 12 item 5: an ephemeral run ends once its events are stored
+    # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
+    with delivered_events(), our_logs_in_the_run():
         summary = poll(settings)
         # Every pending request is run, whoever made it (DESIGN 4.6): one applied with
         # kubectl, or one the closing poll of run-migrations made, starts within a poll.

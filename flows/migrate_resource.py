@@ -35,6 +35,7 @@ from prefect.states import Cancelled, Failed
 from pydantic import BaseModel, Field
 
 from flows.events import delivered_events, emit_migration
+from flows.run_logs import our_logs_in_the_run
 from storage_migrator.agreement import StorageVersionObservation, decide_agreement
 from storage_migrator.chunks import MigrationAborted, add_progress
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
@@ -213,8 +214,8 @@ def migrate_resource(
 ) -> MigrationSummary | State[Any]:
     """Migrate one resource: `migration` names an existing request; else `resource`
     (with `group`, `version`) creates one. Other parameters override the settings."""
-    # Issue 12 item 5: with no server of its own, the run ends once its events are stored.
-    with delivered_events():
+    # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
+    with delivered_events(), our_logs_in_the_run():
         return _migrate(resource=resource, group=group, version=version, migration=migration,
                         chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                         write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
@@ -287,6 +288,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     except MigrationCancelled as exc:
         rec.started(resumed=False)
         rec.ended("cancelled", MigrationProgress(), reason="Deleted", message=str(exc))
+        _emit("cancelled", handle, MigrationProgress(), str(exc))
         return Cancelled(message=str(exc))
     rec.started(resumed=start.token is not None)
     rec.progress = start.progress

@@ -53,6 +53,7 @@ from pydantic import BaseModel, Field
 from flows.events import delivered_events
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
+from flows.run_logs import our_logs_in_the_run
 from storage_migrator.dispatch import (
     RUNNING_ELSEWHERE,
     DispatchPlan,
@@ -274,7 +275,8 @@ def run_migrations(
     overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                               write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
     settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
-    with delivered_events():  # issue 12 item 5: an ephemeral run ends once its events are stored
+    # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
+    with delivered_events(), our_logs_in_the_run():
         summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
         if "Completed" in summary.outcomes.values():
             summary.polled = _refine(settings)

@@ -172,7 +172,7 @@ def test_a_detection_cycle_and_the_migration_it_requested(
 
 
 def test_a_failed_run_and_a_resumed_run(
-    kubesim: Any, namespace: str, core: Any, sqlite_ledger: str, capsys: pytest.CaptureFixture[str]
+    kubesim: Any, namespace: str, core: Any, any_ledger: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A failed run keeps its verdict and the object named; a run resumed from a checkpoint says
     so and its first chunk starts from the stored token (seed 002 "Failure recovery"). Who
@@ -203,7 +203,7 @@ def test_a_failed_run_and_a_resumed_run(
     resumed = migrate(kubesim, migration=record.name, chunk_size=50)
     assert resumed.is_completed(), resumed.message
 
-    engine = flushed(sqlite_ledger)
+    engine = flushed(any_ledger)
     runs = {r.outcome: r for r in queries.history(engine, resource="configmaps")}
     failed, done = runs["failed"], runs["succeeded"]
     assert failed.reason == "ObjectsFailed" and failed.failed == 1 and names[5] in failed.message
@@ -225,6 +225,15 @@ def test_a_failed_run_and_a_resumed_run(
     printed = history_json(kubesim, capsys, "configmaps")
     assert {(r["kind"], r["outcome"], r["migration"]) for r in printed} >= {
         ("run", "failed", failed.migration), ("run", "succeeded", record.name)}  # fmt: skip
+
+
+def _run_log(flow_run_id: Any) -> list[str]:
+    """The messages of a flow run's log, through the Prefect API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        return [log.message for log in client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))]
 
 
 def _scrape(port: int, proc: subprocess.Popen[bytes]) -> str:
@@ -314,7 +323,7 @@ def _stored_versions(kubesim: Any, namespace: str) -> set[str]:
 
 def test_the_database_unreachable_during_a_migration(
     kubesim: Any, namespace: str, core: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], wait_for: Any,
 ) -> None:  # fmt: skip
     """Issue 12: "A ledger outage never fails or blocks a migration: the write is retried in
     the background, logged, and the gap shows in `history`; the Kubernetes objects stay the
@@ -330,8 +339,11 @@ def test_the_database_unreachable_during_a_migration(
     assert _stored_versions(kubesim, namespace) == {"v2"}  # judged by etcd
     name = state.result().migration
 
-    # Every row of the run was retried in the background, then given up (run, chunk, outcome).
+    # Every row of the run was retried in the background, then given up (run, chunk, outcome),
+    # and the writer's warning is in the run's log, where an operator reads it (flows/run_logs.py).
     assert writer_for(url).flush(30) and writer_for(url).lost_rows >= 3
+    wait_for(lambda: [m for m in _run_log(state.state_details.flow_run_id) if "unreachable" in m and "ledger" in m],
+             what="the ledger's warning in the flow run's log", timeout=60)  # fmt: skip
     down.mkdir()  # the database is back: history finds the request the ledger missed
     rows = history_json(kubesim, capsys, "configmaps")
     [missed] = [r for r in rows if r["migration"] == name]

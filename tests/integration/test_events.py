@@ -197,31 +197,55 @@ def test_the_shipped_automation_notifies_when_a_migration_fails(
 ) -> None:
     """DESIGN 4.10: events "so Prefect automations can notify". The automation in
     deployments/prefect/automations/ is created by the documented command; a
-    `storage-migrator.migration.failed` event makes the server call the webhook."""
+    `storage-migrator.migration.failed` event makes the server call the webhook, once,
+    and a succeeded migration does not."""
     from flows.automations import AUTOMATIONS_DIR, main
 
     url, received = webhook
+    began = datetime.now(UTC)
     assert main(["--webhook-url", url, str(AUTOMATIONS_DIR / "notify-failed-migration.yaml")]) == 0
     try:
-        emit_migration("succeeded", migration="events-ok", group_resource="configmaps", progress=MigrationProgress())
-        # The server's triggers service loads a new automation on commit or on its next 5 s
-        # reconcile; an event it evaluates before then is (rightly) not matched. So the
-        # failure is re-emitted every 10 s until the webhook is called: what is asserted is
-        # that a failed migration is notified, and that the succeeded one never is.
+        # The server's triggers service loads a new automation after the commit or at its
+        # next 5 s reconcile; an event evaluated before that is (rightly) not matched. A
+        # throw-away failure is re-sent until it is notified: from then on it is live.
         for _ in range(12):
-            emit_migration("failed", migration="events-bad", group_resource="configmaps", progress=MigrationProgress(),
-                           message="1 object(s) could not be rewritten: ns/cm (422 Invalid)")  # fmt: skip
-            if _waited(lambda: received, seconds=10):
+            _emit_failure("events-warmup")
+            if _waited(lambda: _calls(received, "events-warmup"), seconds=10):
                 break
-        wait_for(lambda: received, what="the webhook call", timeout=10)
+        else:
+            pytest.fail(f"the automation never notified a failure; the server's automation events: "
+                        f"{_automation_events(began)}")  # fmt: skip
+        emit_migration("succeeded", migration="events-ok", group_resource="configmaps", progress=MigrationProgress())
+        _emit_failure("events-bad")
+        wait_for(lambda: _calls(received, "events-bad"), what="the webhook call for events-bad", timeout=60)
+        time.sleep(3)  # a second call (or one for events-ok, sent first) would have come by now
     finally:
         with get_client(sync_client=True) as client:
             for automation in client.read_automations_by_name("storage-migrator-notify-failed-migration"):
                 client.delete_automation(automation.id)
-    assert received
-    for call in received:
-        assert call["subject"] == "storage-migrator: migration events-bad failed"
-        assert "events-bad (configmaps) failed: 1 object(s) could not be rewritten: ns/cm (422 Invalid)" in call["body"]
+    assert _calls(received, "events-ok") == []
+    [call] = _calls(received, "events-bad")
+    assert call["subject"] == "storage-migrator: migration events-bad failed"
+    assert "events-bad (configmaps) failed: 1 object(s) could not be rewritten: ns/cm (422 Invalid)" in call["body"]
+
+
+def _emit_failure(migration: str) -> None:
+    emit_migration("failed", migration=migration, group_resource="configmaps", progress=MigrationProgress(),
+                   message="1 object(s) could not be rewritten: ns/cm (422 Invalid)")  # fmt: skip
+
+
+def _calls(received: list[dict[str, Any]], migration: str) -> list[dict[str, Any]]:
+    return [call for call in received if call.get("subject") == f"storage-migrator: migration {migration} failed"
+            or f"StorageVersionMigration {migration} " in str(call.get("body"))]  # fmt: skip
+
+
+def _automation_events(since: datetime) -> list[str]:
+    """What the server says its automations did (triggered, action executed or failed): for a failure message."""
+    with get_client(sync_client=True) as client:
+        automations = EventFilter(occurred=EventOccurredFilter(since=since),
+                                  event=EventNameFilter(prefix=["prefect.automation."]))  # fmt: skip
+        page = client.read_events(filter=automations, limit=50)
+    return [f"{e.event} {e.payload}" for e in page.events]
 
 
 def _waited(predicate: Callable[[], Any], *, seconds: float) -> bool:

@@ -13,6 +13,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     UV_PYTHON_DOWNLOADS=never \
     # Prefect's home (profiles, local storage) on the writable /tmp (an emptyDir in the pods).
     PREFECT_HOME=/tmp/prefect \
+    # The ledger's default SQLite file, also on /tmp (the working directory is read-only): it
+    # lives as long as the pod. Point STORAGE_MIGRATOR_DATABASE_URL at PostgreSQL to keep it.
+    STORAGE_MIGRATOR_DATABASE_URL=sqlite:////tmp/storage-migrator-ledger.db \
     DO_NOT_TRACK=1 \
     PATH=/opt/prefect/.venv/bin:$PATH
 
@@ -35,9 +38,11 @@ COPY flows ./flows
 # by the product code (an import-linter contract).
 COPY kubesim ./kubesim
 COPY devstack ./devstack
+# The import check with a Prefect home of its own, removed after: nothing root-owned is left in /tmp.
 RUN uv sync --frozen --no-dev --no-cache \
     && storage-migrator --help >/dev/null \
-    && python -c "import flows.migrate_resource, prefect_kubernetes"
+    && PREFECT_HOME=/tmp/build-prefect python -c "import flows.migrate_resource, prefect_kubernetes" \
+    && rm -rf /tmp/build-prefect
 
 # Numeric, so that runAsNonRoot can verify it.
 USER 10001:10001

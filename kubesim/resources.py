@@ -191,8 +191,8 @@ def builtin_resources() -> list[ResourceType]:
         _builtin("coordination.k8s.io", "leases", "Lease"),
         # The `kubernetes` Service's slices: one per live API server (kubesim/cluster.py).
         _builtin("discovery.k8s.io", "endpointslices", "EndpointSlice"),
-        # RBAC objects are stored and served, so `kubectl apply -f deployments/` works; they
-        # authorize nothing in kubesim (docs/kubesim.md, "What kubesim does not model").
+        # RBAC objects are stored and served (`kubectl apply -k deployments/`); with
+        # `--authorization-mode RBAC` they authorize every request (kubesim/rbac_authorizer.py).
         _builtin("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", namespaced=False),
         _builtin("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
         _builtin("rbac.authorization.k8s.io", "roles", "Role"),

@@ -82,7 +82,7 @@ EVERYTHING: Final = PolicyRule(api_groups=("*",), resources=("*",), verbs=REWRIT
 #: and no more: tests/integration/test_rbac_proven.py shows each is used.
 FIXED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule([GROUP], [STORAGE_VERSION_MIGRATIONS, STORAGE_STATES],
-          ["get", "list", "watch", "create", "update", "patch", "delete"]),
+          ["get", "list", "create", "update", "patch", "delete"]),
     _rule([GROUP], [f"{STORAGE_VERSION_MIGRATIONS}/status", f"{STORAGE_STATES}/status"], ["update", "patch"]),
     _rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list"]),
     _rule(["apiextensions.k8s.io"], ["customresourcedefinitions/status"], ["patch"]),

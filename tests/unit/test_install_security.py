@@ -43,7 +43,14 @@ def test_the_worker_runs_as_non_root_with_its_own_namespaced_role(install: dict[
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["command"] + container["args"] == [
         "prefect", "worker", "start", "--pool", "$(PREFECT_WORK_POOL)", "--type", "kubernetes", "--with-healthcheck",
+        "--base-job-template", "/etc/storage-migrator/work-pool/kubernetes.json",
     ]  # fmt: skip
+    # A pool the worker creates gets our job template (namespace, ServiceAccount), not the
+    # default one, whichever comes first: the worker or `prefect work-pool create`.
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/storage-migrator/work-pool"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    template = install[("ConfigMap", volume["configMap"]["name"])]["data"]["kubernetes.json"]
+    assert json.loads(template) == json.loads((ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text())
     assert container["image"].startswith("storage-migrator:")
     assert not pod.get("volumes") or all("secret" not in v and "hostPath" not in v for v in pod["volumes"])
 

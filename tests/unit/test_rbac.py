@@ -52,9 +52,11 @@ def test_migrated_objects_can_be_listed_and_rewritten_but_not_read_created_or_de
 
 
 def test_our_api_and_crd_refinement_are_covered() -> None:
-    for verb in ("get", "list", "watch", "create", "patch", "delete"):
+    for verb in ("get", "list", "create", "patch", "delete"):
         assert allowed("migration.k8s.io", "storageversionmigrations", verb)
         assert allowed("migration.k8s.io", "storagestates", verb)
+    # Nothing of ours watches (detection polls): no watch, even on our own objects.
+    assert not allowed("migration.k8s.io", "storageversionmigrations", "watch")
     assert allowed("migration.k8s.io", "storageversionmigrations/status", "patch")
     assert allowed("migration.k8s.io", "storagestates/status", "patch")
     assert allowed("apiextensions.k8s.io", "customresourcedefinitions/status", "patch")

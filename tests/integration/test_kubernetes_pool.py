@@ -85,3 +85,24 @@ def test_a_deployment_to_the_kubernetes_pool_runs_as_the_migrators_service_accou
         assert job["spec"]["ttlSecondsAfterFinished"] == 86400
     finally:
         asyncio.run(_remove("migrate-resource/migrate-resource"))
+
+
+def test_the_worker_creates_a_missing_pool_with_our_job_template(prefect_api: str, tmp_path: Path) -> None:
+    """The worker as deployments/worker/deployment.yaml starts it, before anyone made the pool:
+    the pool it creates runs Jobs in storage-migrator as the migrator's ServiceAccount (not in
+    `default` with prefect-kubernetes' default template, where the worker's Role is no use)."""
+    pool = "storage-migrator-kubernetes-fresh"
+    template = ROOT / "deployments" / "work-pool" / "kubernetes.json"
+    done = prefect_cli(prefect_api, tmp_path, "worker", "start", "--pool", pool, "--type", "kubernetes",
+                       "--base-job-template", str(template), "--run-once")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    async def created() -> Any:
+        async with get_client() as client:
+            found = await client.read_work_pool(pool)
+            await client.delete_work_pool(pool)
+            return found
+
+    found = asyncio.run(created())
+    assert found.type == "kubernetes"
+    assert found.base_job_template == json.loads(template.read_text())

@@ -36,7 +36,8 @@ from storage_migrator.settings import Settings
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(900)]
 
 RESOURCES = ("configmaps", "secrets", "serviceaccounts")
-OBJECTS = 300  # per resource, in the test's namespace
+# Per resource, in the test's namespace: at RATE, the keeper's runs outlast the other worker's start.
+OBJECTS = 600
 RATE = 60  # writes per second, shared by every run on both workers
 CHUNK = 50  # objects per LIST page: the checkpoint granularity, so the most a crash re-does
 # Seconds without a sign of life (the run taken, started, a checkpoint) after which a

@@ -3,33 +3,43 @@
 Design decision (issue 13, seed 002 "< 10 writes/s by default"; DESIGN 4.5): the
 promise is a count per window, at most `rate * window` writes in any `window`
 seconds (10 s) across all writers. Each running migration holds one lease on a
-shared counter (the writers), and every writer paces itself at its share:
-at most `floor(rate * (window - 0.1 s) / writers) - 1` writes in any sliding `window`,
-evenly paced in between (a token bucket of BURST). The shares add up to the budget as long as no writer counts fewer writers than
-there are; two rules make sure of that:
+shared counter (the writers) and paces itself at its share
 
-- a writer's view (rate and writers, read from the server) is only good for
-  `max_age` seconds after the read was *sent*; with an older view it stops
-  writing until a read succeeds (a slow or unreachable server pauses writes,
-  never speeds them up);
-- a writer that joins while others hold leases waits `max_age` (plus
-  CATCH_UP_SECONDS, below) before its first write: by then every other
-  writer's view was read after it joined.
+    share_pace(rate, n) = (rate * (window - JITTER) / n - 1) / window
 
-A writer alone makes up short pauses (a chunk's LIST and checkpoint) within
-its 10 s count: once its views have said "one writer" without a gap for
-`window + max_age` seconds, nobody else wrote in any window it writes in, so
-its bucket may hold CATCH_UP_SECONDS of writes instead of BURST. A joiner's
-extra CATCH_UP_SECONDS wait lets that saved-up second leave the window
-before the joiner writes; a writer that is left alone after others catches
-up only once their last writes are a whole window old.
+with a token bucket of BURST writes and a window count: its last `window`
+seconds hold at most the pace over them plus one write. So n writers pacing at
+the share of n make at most n * (share * window + 1) = rate * (window - JITTER)
+in any window. What keeps every writer at a share no larger than that of the
+writers actually writing:
 
-Why not a slot-decay rate limit (what this replaced): on the Prefect server a
-refused acquisition updates the limit's row and restarts its decay clock, so
-contending acquirers push each other back (seen as 62 s stalls), and on SQLite
-each acquisition waits on the database lock. Here the server sees one lease per
-migration, one renewal per `lease_renew` seconds and a read per `refresh`:
-never a refusal, and a slow answer costs pace, not the promise.
+- **A view is good for `max_age`** seconds from the moment its read was sent;
+  with an older one the pace is 0 (a slow or unreachable server pauses writes,
+  never speeds them up, and a pause earns nothing).
+- **A joiner waits `join_wait` = max_age + 2 * CATCH_UP_SECONDS** before its first
+  write when others hold leases: by then each of them has read a view that
+  counts it, or has stopped.
+- **Writers already writing keep their pace until shortly before the joiner may
+  write.** A writer that sees the writers grow knows the joiner joined after
+  its previous read was sent, so the joiner writes no earlier than that read +
+  join_wait; it keeps its pace until then, less a margin (`_Hold`), then takes
+  the smaller share. The margin pays for what the window count does not cover
+  when a pace falls (each writer's bucket may hold a write more): n writes at
+  the new share, or 2 * CATCH_UP_SECONDS after a catch-up (below). The design
+  this replaced cut the pace at once and capped each writer's 10 s count at
+  the new share: a writer whose last 10 s were above it stopped for seconds
+  while the joiner still waited (about 10% of the budget lost with three
+  migrations in bench/budget.py). A writer that sees the writers shrink takes
+  the larger share at once: a leaver stops writing before it gives its lease back.
+
+A writer alone makes up short pauses (a chunk's LIST and checkpoint): once its
+views have said "one writer", without a gap longer than max_age, for window +
+max_age seconds, nobody else wrote in any window it writes in, so its bucket may
+hold CATCH_UP_SECONDS of writes, still within its window count. Spent just
+before it learns of a joiner, those writes are paid for by its margin: at half
+the budget, 2 * CATCH_UP_SECONDS of the joiner's share.
+tests/unit/test_write_share.py simulates joins, leaves, slow reads and pauses
+and checks every 10 s window.
 
 This module knows nothing of Prefect: `tasks/write_budget.py` feeds it views.
 """
@@ -43,7 +53,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["CATCH_UP_SECONDS", "ShareView", "WindowedLimiter", "share_quota"]
+__all__ = ["CATCH_UP_SECONDS", "ShareView", "WindowedLimiter", "join_wait", "share_pace"]
 
 #: The promise is checked over this many seconds (issue 13: "never above 1.0 in any 10 s window").
 WINDOW_SECONDS = 10.0
@@ -51,26 +61,28 @@ WINDOW_SECONDS = 10.0
 #: 10 s apart may arrive closer together (a loaded client or network); measured
 #: at kubesim, 0.1 s was enough on a 2-core machine at load 20+ (bench/budget.py).
 JITTER_SECONDS = 0.1
-#: Writes a writer may make back to back: one late wake-up (a loaded machine) is
-#: caught up instead of lost; the sliding-window count still caps every window.
+#: Writes a writer's bucket may hold: one late wake-up (a loaded machine) is caught up
+#: instead of lost; the window count still holds every window to the pace plus one.
 BURST = 2.0
-#: Seconds of writes a writer alone may save up (its pauses between chunks), and
-#: the extra wait of a joiner while others hold leases.
-CATCH_UP_SECONDS = 1.0
+#: Seconds of writes a writer long alone may save up (its pauses between chunks).
+CATCH_UP_SECONDS = 0.5
 
 
-def share_quota(rate: float, writers: int, window: float = WINDOW_SECONDS) -> int:
-    """Writes one writer may make in any `window`: its floor share less one, at least 1.
+def _check(rate: float, writers: int, window: float) -> None:
+    if rate <= 0 or window <= JITTER_SECONDS or writers < 1:
+        raise ValueError(f"rate, writers and window must be > 0, got rate={rate}, writers={writers}, window={window}")
 
-    Floor: the shares of `writers` writers add up to at most `rate * window`.
-    Less one: a writer paced at `quota / window` makes at most `l * quota /
-    window + 1` writes in a part of length l of a window; the write kept back
-    pays for that `+ 1` when writers join or leave mid-window. Less JITTER:
-    the API server sees a write when it arrives, not when it was let go.
-    """
-    if rate <= 0 or window <= 0:
-        raise ValueError(f"rate and window must be > 0, got rate={rate}, window={window}")
-    return max(1, math.floor(rate * (window - JITTER_SECONDS) / max(1, writers) + 1e-9) - 1)
+
+def share_pace(rate: float, writers: int, window: float = WINDOW_SECONDS) -> float:
+    """Writes per second one of `writers` writers may make: its share of `rate * (window - JITTER)`
+    per window, less the one write its bucket may hold, spread over the window."""
+    _check(rate, writers, window)
+    return max(0.0, (rate * (window - JITTER_SECONDS) / writers - 1.0) / window)
+
+
+def join_wait(max_age: float) -> float:
+    """Seconds a joiner waits before its first write while others hold leases."""
+    return max_age + 2 * CATCH_UP_SECONDS
 
 
 @dataclass(frozen=True)
@@ -86,13 +98,19 @@ class ShareView:
     sent_at: float
 
 
-class WindowedLimiter:
-    """Paces one writer at its share: a sliding-window count plus a token bucket.
+@dataclass(frozen=True)
+class _Hold:
+    """A pace kept after the writers grew, until the newcomer may write (less the margin)."""
 
-    `acquire` blocks until (1) the view is fresh, (2) fewer than `quota` writes
-    happened in the last `window` seconds and (3) the bucket, refilled at
-    `quota / window` per second up to BURST, holds a token. Thread-safe;
-    sleeps outside the lock.
+    pace: float
+    until: float
+
+
+class WindowedLimiter:
+    """Paces one writer at its share (see the module docstring). Thread-safe; sleeps outside the lock.
+
+    `acquire` blocks until the view is fresh, the bucket holds a write, and the
+    last window holds fewer writes than the pace allowed over it plus one.
     """
 
     def __init__(
@@ -112,54 +130,115 @@ class WindowedLimiter:
         self._clock = clock
         self._sleep = sleep
         self._view: ShareView | None = None
+        self._holds: list[_Hold] = []
         #: when the views began to say "one writer" without a gap longer than max_age
         self._alone_since: float | None = None
         self._writes: deque[float] = deque()
+        #: the pace over the last window: (start, end, writes per second)
+        self._paced: deque[tuple[float, float, float]] = deque()
         self._tokens = 1.0
-        self._refilled = clock()
+        self._advanced = clock()
         self._lock = threading.Lock()
+
+    @property
+    def pace(self) -> float | None:
+        """Writes per second at the newest view's share (None: no view yet)."""
+        view = self._view
+        return None if view is None else share_pace(view.rate, view.writers, self.window)
 
     def set_view(self, view: ShareView) -> None:
         with self._lock:
             previous = self._view
             if previous is not None and view.sent_at < previous.sent_at:
                 return
+            now = self._clock()
+            self._advance(now)
+            if previous is not None and view.writers > previous.writers:
+                # Someone joined after `previous` was sent: it writes no earlier than
+                # previous.sent_at + join_wait. Keep the pace until then, less the margin.
+                # The share of the writers `previous` counted, not the pace in force: that may be
+                # an earlier hold's, good only until an earlier joiner may write.
+                held = previous.sent_at + join_wait(self.max_age) - self._margin(now, view)
+                pace = share_pace(previous.rate, previous.writers, self.window)
+                self._holds.append(_Hold(pace=pace, until=held))
             if view.writers != 1:
                 self._alone_since = None
             elif self._alone_since is None or previous is None or view.sent_at - previous.sent_at > self.max_age:
                 # a gap longer than max_age may hide a writer that joined, wrote and left
                 self._alone_since = view.sent_at
             self._view = view
+            self._tokens = min(self._tokens, self._capacity(now))
 
-    def _capacity(self, now: float, pace: float) -> float:
-        """The bucket's size: BURST, or CATCH_UP_SECONDS of writes for a writer long alone."""
+    def _margin(self, now: float, view: ShareView) -> float:
+        """How long before the newcomer may write the old pace ends. It pays, at the new share,
+        for what a window may hold beyond the pace: a catch-up spent just before this read
+        (2 * CATCH_UP at half the budget), else one write of each writer's bucket."""
+        if self._capacity(now) > BURST:
+            return 2 * CATCH_UP_SECONDS
+        pace = share_pace(view.rate, view.writers, self.window)
+        return min(2 * CATCH_UP_SECONDS, view.writers / pace) if pace > 0 else 2 * CATCH_UP_SECONDS
+
+    def _pace_at(self, t: float) -> float:
+        """The pace in force at `t`: 0 with no fresh view; else the view's share or a hold's, the larger."""
+        view = self._view
+        if view is None or t > view.sent_at + self.max_age:
+            return 0.0
+        held = max((h.pace for h in self._holds if t < h.until), default=0.0)
+        return max(share_pace(view.rate, view.writers, self.window), held)
+
+    def _advance(self, now: float) -> None:
+        """Refill the bucket with the pace since the last call (piecewise: holds end, the view
+        ages), and keep the last window's pace for the window count."""
+        if now <= self._advanced:
+            return
+        fresh_until = -math.inf if self._view is None else self._view.sent_at + self.max_age
+        t, added = self._advanced, 0.0
+        for edge in sorted({now, fresh_until, *(h.until for h in self._holds)}):
+            if edge <= t:
+                continue
+            end = min(edge, now)
+            pace = self._pace_at((t + end) / 2)  # constant between edges
+            added += (end - t) * pace
+            if self._paced and self._paced[-1][1] == t and self._paced[-1][2] == pace:
+                self._paced[-1] = (self._paced[-1][0], end, pace)  # one segment per pace, not per call
+            else:
+                self._paced.append((t, end, pace))
+            t = end
+            if t >= now:
+                break
+        self._tokens = min(self._capacity(now), self._tokens + added)
+        self._advanced = now
+        self._holds = [h for h in self._holds if h.until > now]
+        while self._paced and self._paced[0][1] <= now - self.window:
+            self._paced.popleft()
+
+    def _allowed(self, now: float) -> int:
+        """Writes the last window may hold: the pace over it, plus the one write of the bucket."""
+        start = now - self.window
+        paced = sum((end - max(begin, start)) * pace for begin, end, pace in self._paced if end > start)
+        return math.floor(paced + 1.0 + 1e-9)
+
+    def _capacity(self, now: float) -> float:
+        """BURST writes, or CATCH_UP_SECONDS of writes for a writer long alone."""
         alone = self._alone_since
         if alone is not None and now - alone >= self.window + self.max_age:
-            return max(BURST, CATCH_UP_SECONDS * pace)
+            return max(BURST, CATCH_UP_SECONDS * self._pace_at(now))
         return BURST
-
-    @property
-    def quota(self) -> int | None:
-        view = self._view
-        return None if view is None else share_quota(view.rate, view.writers, self.window)
 
     def wait_time(self) -> float:
         """Seconds until a write may go out now (0: go), taking it if so. Call under the lock."""
         now = self._clock()
         if now < self.not_before:
             return self.not_before - now
-        view = self._view
-        if view is None or now - view.sent_at > self.max_age:
+        self._advance(now)
+        pace = self._pace_at(now)
+        if pace <= 0:
             return min(0.05, self.max_age)  # stale: wait for the next read (DESIGN 4.5)
-        quota = share_quota(view.rate, view.writers, self.window)
         while self._writes and self._writes[0] <= now - self.window:
             self._writes.popleft()
-        if len(self._writes) >= quota:
-            # the oldest write leaves the window just after `window` seconds
-            return self._writes[-quota] + self.window - now + 1e-6
-        pace = quota / self.window
-        self._tokens = min(self._capacity(now, pace), self._tokens + (now - self._refilled) * pace)
-        self._refilled = now
+        if len(self._writes) >= self._allowed(now):
+            # the window's count leaves room as its oldest write leaves it, or as the pace adds up
+            return min(self._writes[0] + self.window - now + 1e-6, 1.0 / pace)
         if self._tokens < 1.0:
             return (1.0 - self._tokens) / pace
         self._tokens -= 1.0

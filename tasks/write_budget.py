@@ -35,7 +35,7 @@ from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.pacing import BatchedPacer, LocalRateLimiter, Pacer
-from storage_migrator.write_share import CATCH_UP_SECONDS, ShareView, WindowedLimiter
+from storage_migrator.write_share import ShareView, WindowedLimiter, join_wait
 from tasks.common import PRIVATE
 
 log = logging.getLogger(__name__)
@@ -134,8 +134,8 @@ class WriterLease:
         self._lease = UUID(resp.json()["lease_id"])
         self._renewed = time.monotonic()
         # Others' views may not count this writer for MAX_VIEW_AGE seconds, and a writer
-        # alone may have saved up CATCH_UP_SECONDS of writes (write_share).
-        self.limiter.not_before = self._renewed + MAX_VIEW_AGE_SECONDS + CATCH_UP_SECONDS
+        # alone may have saved up a little (write_share.join_wait).
+        self.limiter.not_before = self._renewed + join_wait(MAX_VIEW_AGE_SECONDS)
 
     def _read(self, client: object) -> ShareView:
         sent = time.monotonic()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from storage_migrator.write_share import CATCH_UP_SECONDS, ShareView, WindowedLimiter, share_quota
+from storage_migrator.write_share import BURST, CATCH_UP_SECONDS, ShareView, WindowedLimiter, join_wait, share_pace
 
 WINDOW = 10.0
 MAX_AGE = 5.0
@@ -48,12 +48,15 @@ def simulate(
     refresh: float = 1.0,
     paused: Callable[[int, float], bool] = lambda i, t: False,
     answer_delay: float = 0.0,
+    writes_each: int | None = None,
+    max_age: float = MAX_AGE,
 ) -> list[float]:
     """Writers holding a lease over [join, leave), each writing as fast as its limiter lets it
-    except while `paused(writer, now)` (a chunk's LIST and checkpoint).
+    except while `paused(writer, now)` (a chunk's LIST and checkpoint); with `writes_each`, a
+    writer leaves once it has made that many (a migration of that many objects).
 
     A joiner reads the writers right after joining: alone, it starts at once;
-    otherwise it waits MAX_AGE + CATCH_UP_SECONDS (tasks/write_budget.WriterLease.join).
+    otherwise it waits join_wait(MAX_AGE) (tasks/write_budget.WriterLease.join).
     A read's answer arrives `answer_delay` seconds after it was sent (a slow server).
     """
     clock = Clock()
@@ -62,20 +65,26 @@ def simulate(
     next_read: dict[int, float] = {}
     answers: list[tuple[float, int, ShareView]] = []
     writes: list[float] = []
+    made: dict[int, int] = {}
+    left: dict[int, float] = {}
+
+    def holding(i: int, t: float) -> bool:
+        join, leave = spans[i]
+        return join <= t < min(leave, left.get(i, leave))
 
     def holders(t: float) -> int:
-        return sum(1 for join, leave in spans if join <= t < leave)
+        return sum(1 for i in range(len(spans)) if holding(i, t))
 
     step = 0.0005
     while clock.now < until:
         now = clock.now
-        for i, (join, leave) in enumerate(spans):
-            if now < join or now >= leave:
+        for i in range(len(spans)):
+            if not holding(i, now):
                 limiters.pop(i, None)
                 continue
             if i not in limiters:
-                lim = WindowedLimiter(max_age=MAX_AGE, window=WINDOW, clock=clock, sleep=lambda s: None)
-                lim.not_before = 0.0 if holders(now) == 1 else now + MAX_AGE + CATCH_UP_SECONDS
+                lim = WindowedLimiter(max_age=max_age, window=WINDOW, clock=clock, sleep=lambda s: None)
+                lim.not_before = 0.0 if holders(now) == 1 else now + join_wait(max_age)
                 limiters[i] = lim
                 next_try[i] = now
                 next_read[i] = now
@@ -89,15 +98,19 @@ def simulate(
                 wait = limiters[i].wait_time()
                 if wait == 0:
                     writes.append(now)
+                    made[i] = made.get(i, 0) + 1
+                    if writes_each is not None and made[i] >= writes_each:
+                        left[i] = round(now + step, 6)  # its last write is done: it gives the lease back
                 next_try[i] = now + wait
         clock.now = round(now + step, 6)
     return writes
 
 
-@pytest.mark.parametrize(("rate", "writers", "quota"), [(10, 1, 98), (10, 3, 32), (50, 3, 164), (200, 1, 1979)])
-def test_quota_is_the_floor_share_less_one_and_the_jitter(rate: float, writers: int, quota: int) -> None:
-    assert share_quota(rate, writers) == quota
-    assert share_quota(rate, writers) * writers <= rate * WINDOW
+@pytest.mark.parametrize(("rate", "writers", "pace"), [(10, 1, 9.8), (10, 3, 3.2), (50, 3, 16.4), (200, 1, 197.9)])
+def test_the_pace_is_the_share_less_one_write_and_the_jitter(rate: float, writers: int, pace: float) -> None:
+    assert share_pace(rate, writers) == pytest.approx(pace)
+    # a window holds at most the pace over it plus one write: n writers, the budget at most
+    assert writers * (share_pace(rate, writers) * WINDOW + 1) <= rate * WINDOW
 
 
 @pytest.mark.parametrize("writers", [1, 3])
@@ -116,8 +129,8 @@ def test_a_joiner_and_a_leaver_keep_the_promise() -> None:
     spans = [(0.0, 60.0), (12.3, 60.0), (25.7, 41.1)]
     writes = simulate(rate, spans, until=60.0)
     assert max_in_window(writes) <= rate * WINDOW
-    # what the promise costs: a joiner's MAX_AGE wait while the others already slowed down
-    assert len(writes) >= 0.8 * rate * 60.0
+    # a join costs little: the others keep their pace until the joiner may write
+    assert len(writes) >= 0.95 * rate * 60.0
 
 
 def chunk_pauses(every: float, pause: float) -> Callable[[int, float], bool]:
@@ -157,18 +170,22 @@ def test_catching_up_needs_a_window_alone_without_gaps() -> None:
     came and went: the streak starts again, and the bucket stays at BURST meanwhile."""
     clock = Clock()
     lim = WindowedLimiter(max_age=MAX_AGE, clock=clock, sleep=lambda s: None)
+    pace = share_pace(100, 1)
     for t in range(0, 30):
         clock.now = float(t)
         lim.set_view(ShareView(rate=100, writers=1, sent_at=clock.now))
-    assert lim._capacity(clock.now, 10.0) == 10.0  # 1 s of writes at its pace
+    assert lim._capacity(clock.now) == pytest.approx(CATCH_UP_SECONDS * pace)
     clock.now = 40.0  # ten seconds without a read
     lim.set_view(ShareView(rate=100, writers=1, sent_at=clock.now))
-    assert lim._capacity(clock.now, 10.0) == 2.0
+    assert lim._capacity(clock.now) == BURST
     lim.set_view(ShareView(rate=100, writers=2, sent_at=41.0))
-    clock.now = 60.0
-    lim.set_view(ShareView(rate=100, writers=1, sent_at=60.0))
-    assert lim._capacity(60.0 + WINDOW + MAX_AGE - 0.1, 10.0) == 2.0
-    assert lim._capacity(60.0 + WINDOW + MAX_AGE, 10.0) == 10.0
+    for t in (60.0, 61.0, 63.0, 65.0, 67.0, 69.0, 71.0, 73.0, 74.9):  # alone again, reads within max_age
+        clock.now = t
+        lim.set_view(ShareView(rate=100, writers=1, sent_at=t))
+    assert lim._capacity(clock.now) == BURST  # 14.9 s alone: not yet a window and a view's life
+    clock.now = 60.0 + WINDOW + MAX_AGE
+    lim.set_view(ShareView(rate=100, writers=1, sent_at=clock.now))
+    assert lim._capacity(clock.now) == pytest.approx(CATCH_UP_SECONDS * pace)
 
 
 def test_a_stale_view_pauses_writes() -> None:
@@ -188,11 +205,52 @@ def test_an_older_view_never_replaces_a_newer_one() -> None:
     lim = WindowedLimiter(max_age=MAX_AGE, clock=Clock(), sleep=lambda s: None)
     lim.set_view(ShareView(rate=10, writers=3, sent_at=2.0))
     lim.set_view(ShareView(rate=10, writers=1, sent_at=1.0))  # a slow read that started earlier
-    assert lim.quota == share_quota(10, 3)
+    assert lim.pace == share_pace(10, 3)
 
 
 def test_bad_input_is_refused() -> None:
     with pytest.raises(ValueError, match="rate"):
-        share_quota(0, 1)
+        share_pace(0, 1)
     with pytest.raises(ValueError, match="max_age"):
         WindowedLimiter(max_age=0)
+
+
+@pytest.mark.parametrize(("rate", "at_least"), [(10.0, 0.94), (50.0, 0.95), (200.0, 0.95)])
+def test_three_migrations_joining_one_after_another_use_the_budget(rate: float, at_least: float) -> None:
+    """Issue 13: "between 0.95 and 1.00 over the run and never above 1.0 in any 10 s window,
+    with 1 and with 3 migrations sharing the budget". What bench/budget.py runs: three runs of
+    a third of 30 s of writes each, started together but writing 2 and 6 s apart (process
+    start-up), pausing at their chunk boundaries. A joiner no longer stops the others: they keep
+    their pace until it may write. At 10 writes/s three writers can use at most 0.96 (each
+    window holds a share plus one write per writer, and the 0.1 s of jitter)."""
+    each = int(rate * 30 / 3)
+    writes = simulate(rate, [(0.0, 1e9), (2.0, 1e9), (6.0, 1e9)], until=80.0, refresh=0.5, max_age=2.5,
+                      writes_each=each, paused=chunk_pauses(500 / rate * 3, 0.05))  # fmt: skip
+    assert len(writes) == 3 * each
+    assert max_in_window(writes) <= rate * WINDOW
+    assert len(writes) >= at_least * rate * (writes[-1] - writes[0])
+
+
+def churn(seed: int) -> tuple[float, list[float]]:
+    """A random mix: 2 to 5 writers coming and going, slow answers, chunk pauses (rate, write times)."""
+    import random
+
+    rng = random.Random(seed)
+    rate = rng.choice([10.0, 10.0, 50.0, 200.0])
+    spans = [(start, start + rng.uniform(1, 40)) for start in (rng.uniform(0, 30) for _ in range(rng.randint(2, 5)))]
+    spans[0] = (0.0, spans[0][1])
+    refresh = rng.choice([0.5, 0.5, 1.0])
+    delay = min(rng.choice([0.0, 0.0, 0.3, 1.5, 2.4]), 2.5 - refresh)
+    every, pause = rng.uniform(0.5, 5), rng.uniform(0.01, 1.0)
+    writes = simulate(rate, spans, until=75.0, refresh=refresh, answer_delay=delay, max_age=2.5,
+                      paused=lambda i, t: (t + 0.37 * i) % (every + pause) >= every)  # fmt: skip
+    return rate, writes
+
+
+@pytest.mark.parametrize("seed", [3, 17, 42, 76])
+def test_writers_coming_and_going_keep_the_promise(seed: int) -> None:
+    """Random joins and leaves. Seed 76 found a joiner arriving while the others still kept
+    their pace for an earlier one: a hold keeps the share of the writers the earlier read
+    counted, not the pace then in force (160 seeds were checked so when the rule was made)."""
+    rate, writes = churn(seed)
+    assert max_in_window(writes) <= rate * WINDOW

@@ -24,10 +24,11 @@ fi
 
 e2e_log=$(mktemp -t storage-migrator-e2e.XXXXXX)
 trap 'rm -f "$e2e_log"' EXIT
-uv run pytest tests/e2e >"$e2e_log" 2>&1 &
+# --durations: the slowest tests of each lane, to keep the run under its 15 minutes.
+uv run pytest tests/e2e --durations=10 >"$e2e_log" 2>&1 &
 e2e_pid=$!
 rest=0
-uv run pytest --ignore=tests/e2e || rest=$?
+uv run pytest --ignore=tests/e2e --durations=25 || rest=$?
 e2e=0
 wait "$e2e_pid" || e2e=$?
 echo "== pytest tests/e2e (ran beside the above)"

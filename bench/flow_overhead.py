@@ -19,6 +19,14 @@ switch so that every object is re-encoded:
 kubesim runs in its own process (`python -m kubesim serve`), the Prefect server
 in another (the test harness: SQLite in a temporary directory).
 
+The subtraction above charges the flow with everything it does differently,
+including kubesim serving the page listed ahead while the chunk writes (on one
+Python process that costs the writes what it saves the LIST). So the flow passes
+are also timed from inside (`ChunkClock`): Prefect's own cost per chunk is the
+task engine's entry and exit around each chunk, plus the time between two
+chunks beyond the longer of the two requests made there (the checkpoint and the
+seed-001 agreement check, which the design requires and which are not Prefect's).
+
     uv run python bench/flow_overhead.py [--objects 10000] [--concurrency 8] [--repeat 3]
 """
 
@@ -106,6 +114,64 @@ def run_flow(kubeconfig: str, resource: str, group: str, concurrency: int, limit
     return summary.progress.listed, summary.progress.chunks
 
 
+class ChunkClock:
+    """Timestamps around the flow's chunk task, its body and the requests between chunks."""
+
+    def __init__(self) -> None:
+        import flows.migrate_resource as flow_module
+
+        self.marks: list[tuple[float, str]] = []
+        task = flow_module.migrate_chunk_task
+        clock = self
+
+        class Called:
+            def __call__(self, *a: Any, **k: Any) -> Any:
+                clock.mark("call")
+                try:
+                    return task(*a, **k)
+                finally:
+                    clock.mark("return")
+
+        flow_module.migrate_chunk_task = Called()  # type: ignore[assignment]
+        for t, name in ((task, "body"), (flow_module.checkpoint, "checkpoint"),
+                        (flow_module.check_agreement, "agreement")):  # fmt: skip
+            t.fn = self._timed(t.fn, name)
+
+    def _timed(self, fn: Any, name: str) -> Any:
+        def timed_fn(*a: Any, **k: Any) -> Any:
+            self.mark(f"{name}>")
+            try:
+                return fn(*a, **k)
+            finally:
+                self.mark(f"{name}<")
+
+        return timed_fn
+
+    def mark(self, what: str) -> None:
+        self.marks.append((time.perf_counter(), what))
+
+    def spans(self, start: str, end: str) -> list[float]:
+        out, began = [], None
+        for t, what in self.marks:
+            if what == start:
+                began = t
+            elif what == end and began is not None:
+                out.append(t - began)
+                began = None
+        return out
+
+    def per_chunk(self) -> tuple[float, float, float]:
+        """(Prefect's cost, bookkeeping between chunks, chunk body) per chunk, seconds, for the marks since reset."""
+        engine = [a + b for a, b in zip(self.spans("call", "body>"), self.spans("body<", "return"), strict=True)]
+        between = self.spans("return", "call")
+        requests = [max(c, a) for c, a in zip(self.spans("checkpoint>", "checkpoint<"),
+                                             self.spans("agreement>", "agreement<"), strict=False)]  # fmt: skip
+        prefect = statistics.mean(engine) + max(
+            0.0, statistics.mean(between) - statistics.mean(requests[: len(between)])
+        )
+        return prefect, statistics.mean(between), statistics.mean(self.spans("body>", "body<"))
+
+
 def timed(fn: Any, *args: Any) -> tuple[float, int, int]:
     started = time.perf_counter()
     objects, chunks = fn(*args)
@@ -129,6 +195,8 @@ def main() -> None:
     print(f"machine: {machine()}", flush=True)
     samples: dict[str, list[float]] = {"raw": [], "chunks": [], "flow": [], "empty": []}
     chunk_counts: list[int] = []
+    clock = ChunkClock()
+    inside: list[tuple[float, float, float]] = []
     with kubesim_process() as sim, prefect_test_harness(server_startup_timeout=120):
         settings = Settings(kubeconfig=sim.kubeconfig, write_concurrency=args.concurrency)
         api = api_client_from_settings(settings)
@@ -149,9 +217,11 @@ def main() -> None:
                     elif label == "chunks":
                         seconds, objects, _ = timed(chunk_loop, api, options)
                     elif label == "flow":
+                        clock.marks.clear()
                         seconds, objects, chunks = timed(run_flow, sim.kubeconfig, "configmaps", "",
                                                          args.concurrency, args.limit)  # fmt: skip
                         chunk_counts.append(chunks)
+                        inside.append(clock.per_chunk())
                     else:
                         seconds, objects, _ = timed(run_flow, sim.kubeconfig, "cronjobs", "batch",
                                                     args.concurrency, args.limit)  # fmt: skip
@@ -188,7 +258,15 @@ def main() -> None:
         f"{100 * statistics.median(share):.1f}% ({100 * min(share):.1f}-{100 * max(share):.1f}%) "
         f"of a chunk of {args.limit} in the chunk loop ({1000 * statistics.median(chunk_seconds):.0f} ms)"
     )
-    print(json.dumps({"samples_seconds": samples, "chunks": chunk_counts}))
+    prefect_ms = [1000 * p for p, _, _ in inside]
+    body_ms = [1000 * b for _, _, b in inside]
+    print(
+        f"timed inside the flow: Prefect's own cost per chunk {median_spread(prefect_ms)} ms, "
+        f"{100 * statistics.median(p / b for p, b in zip(prefect_ms, body_ms, strict=True)):.1f}% of the chunk "
+        f"task's body ({median_spread(body_ms)} ms); between chunks "
+        f"{median_spread([1000 * w for _, w, _ in inside])} ms (checkpoint and agreement check included)"
+    )
+    print(json.dumps({"samples_seconds": samples, "chunks": chunk_counts, "inside_seconds": inside}))
 
 
 if __name__ == "__main__":

@@ -131,6 +131,9 @@ def admin(args: argparse.Namespace) -> int:
         _print(client.set_encryption([k for k in args.keys.split(",") if k], resources=resources))
     elif cmd == "feature-gates":
         _print(client.set_feature_gates(args.gates)["featureGates"])
+    elif cmd == "verbs":
+        verbs = None if args.verbs == "default" else [v for v in args.verbs.split(",") if v]
+        _print(client.set_verbs(args.resource, verbs, group=args.group))
     elif cmd == "compact":
         _print({"compactedAtRevision": client.compact()})
     elif cmd == "faults":
@@ -213,6 +216,10 @@ def parser() -> argparse.ArgumentParser:
     p_enc.add_argument("--resources", help="comma-separated group-resources to encrypt (default: unchanged)")
     p_fg = cmds.add_parser("feature-gates", help="turn optional built-in APIs on or off on this server")
     p_fg.add_argument("gates", type=_gates, metavar="GATE=true|false[,...]", help=", ".join(FEATURE_GATES))
+    p_vb = cmds.add_parser("verbs", help="serve a built-in resource with some verbs only (e.g. no patch: the PUT path)")
+    p_vb.add_argument("resource", help="e.g. configmaps")
+    p_vb.add_argument("verbs", help="comma-separated, e.g. get,list,update; 'default' for the resource's own")
+    p_vb.add_argument("--group", default="", help="API group, e.g. apps (default: core)")
     cmds.add_parser("compact", help="compact etcd at its current revision (old continue tokens then answer 410)")
     p_f = cmds.add_parser("faults", help="inject faults: set, add, list, clear")
     p_f.add_argument("action", choices=["set", "add", "list", "clear"])

@@ -64,6 +64,10 @@ class Admin:
             body["resources"] = resources
         return dict(self._call("PUT", "encryption", body))
 
+    def set_verbs(self, resource: str, verbs: list[str] | None, *, group: str = "") -> dict[str, Any]:
+        """Serve a built-in resource with `verbs` only (e.g. without patch), or its own (None)."""
+        return dict(self._call("PUT", "verbs", {"resource": resource, "group": group, "verbs": verbs}))
+
     def set_feature_gates(self, gates: dict[str, bool]) -> dict[str, Any]:
         """E.g. {"StorageVersionMigrator": True}: serve the in-tree storagemigration.k8s.io API."""
         return dict(self._call("PUT", "feature-gates", gates))

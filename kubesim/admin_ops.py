@@ -17,7 +17,7 @@ from kubesim import storageversions
 from kubesim.errors import StatusError, bad_request
 from kubesim.faults import FaultRule, Faults
 from kubesim.registry import Registry, storage_group_resource
-from kubesim.resources import FEATURE_GATES
+from kubesim.resources import ALL_VERBS, FEATURE_GATES
 from kubesim.routing import VERSION_RE
 
 
@@ -83,6 +83,24 @@ class AdminOperations:
         storageversions.publish(self.registry)
         return self.admin_state()
 
+    def set_verbs(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Serve a built-in resource with these verbs only (discovery lists them; others answer
+        405 as kube-apiserver does), or, with `verbs: null`, with its own again."""
+        resource, group, verbs = str(body.get("resource", "")), str(body.get("group", "")), body.get("verbs")
+        matches = [rt for rt in self.registry.builtin_types() if rt.resource == resource and rt.group == group]
+        if not matches or matches[0].virtual:
+            raise bad_request(f"no stored built-in resource {resource!r} in group {group!r}")
+        if verbs is not None and (not isinstance(verbs, list) or not set(verbs) <= set(ALL_VERBS)):
+            raise bad_request(f"verbs must be a list among {ALL_VERBS}, or null for the resource's own")
+        key = storage_group_resource(matches[0])
+        with self.registry.lock:
+            if verbs is None:
+                self.registry.config.verbs.pop(key, None)
+            else:
+                self.registry.config.verbs[key] = [v for v in ALL_VERBS if v in verbs]
+        return {"resource": key, "verbs": next(rt.verbs for rt in self.registry.builtin_types()
+                                                if storage_group_resource(rt) == key)}  # fmt: skip
+
     def set_encryption(self, body: dict[str, Any]) -> dict[str, Any]:
         path = self.registry.config.encryption.file_path
         if path is not None:
@@ -145,6 +163,8 @@ class AdminOperations:
             return self.set_storage_version(body)
         if route == "encryption" and method in ("PUT", "POST"):
             return self.set_encryption(body)
+        if route == "verbs" and method in ("PUT", "POST"):
+            return self.set_verbs(body)
         if route == "feature-gates" and method in ("PUT", "POST"):
             return self.set_feature_gates(body)
         if route == "compact" and method == "POST":

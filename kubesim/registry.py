@@ -110,7 +110,12 @@ class Registry:
             if rt.feature_gate is not None and rt.feature_gate not in self.config.feature_gates:
                 continue
             version = self.config.storage_versions.get(storage_group_resource(rt))
-            out.append(replace(rt, storage_version=version) if version else rt)
+            verbs = self.config.verbs.get(storage_group_resource(rt))
+            if version or verbs is not None:
+                rt = replace(
+                    rt, storage_version=version or rt.storage_version, verbs=rt.verbs if verbs is None else verbs
+                )
+            out.append(rt)
         return out
 
     def refresh_crds(self, *, force: bool = False) -> None:

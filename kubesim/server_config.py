@@ -82,3 +82,7 @@ class ServerConfig:
     # is off by default, as beta APIs are on a real v1.36 server; StorageVersionAPI is on (alpha, off
     # upstream, but kubesim has always published StorageVersions and our reference cluster had it on).
     feature_gates: set[str] = field(default_factory=lambda: {STORAGE_VERSION_API_GATE})
+    # storage group-resource -> the verbs a built-in resource is served with instead of its own:
+    # a stand-in for an API that serves no `patch` (some aggregated APIs), whose objects the
+    # migrator re-writes with PUT (admin `verbs`)
+    verbs: dict[str, list[str]] = field(default_factory=dict)

@@ -500,6 +500,29 @@ def test_list_on_create_only_resource_is_the_reference_405(http: Http, namespace
     assert http("GET", path.format(ns=namespace)) == reference_status("list-on-create-only-405.txt")
 
 
+def test_a_resource_served_without_patch_lists_no_patch_and_answers_405(
+    http: Http, kubesim: Any, namespace: str
+) -> None:
+    """The stand-in for an API that serves no patch (DESIGN 4.5: "A full-object PUT of the object
+    exactly as read is the fallback for APIs that serve no `patch` verb"): discovery lists the verbs
+    served, and a verb not served is the reference 405, as for a create-only resource."""
+    [cm] = create_configmaps(http, namespace, ["no-patch"])
+    path = f"/api/v1/namespaces/{namespace}/configmaps/no-patch"
+    patch = {"metadata": {"resourceVersion": cm["metadata"]["resourceVersion"]}}
+    kubesim.admin.set_verbs("configmaps", ["get", "list", "update"])
+    try:
+        verbs = {e["name"]: e["verbs"] for e in http.ok("GET", "/api/v1")["resources"]}["configmaps"]
+        assert verbs == ["get", "list", "update"]
+        assert http("PATCH", path, patch, ctype="application/merge-patch+json") == reference_status(
+            "list-on-create-only-405.txt"
+        )
+        assert http("PUT", path, cm)[0] == 200
+    finally:
+        kubesim.admin.set_verbs("configmaps", None)
+    assert "patch" in {e["name"]: e["verbs"] for e in http.ok("GET", "/api/v1")["resources"]}["configmaps"]
+    assert http("PATCH", path, patch | {"metadata": {}}, ctype="application/merge-patch+json")[0] == 200
+
+
 # ----- what etcd holds ------------------------------------------------------
 def test_secret_is_encrypted_at_rest(http: Http, kubesim: Any, namespace: str) -> None:
     """reference/etcd-values.md: /registry/secrets/<ns>/<name> holds

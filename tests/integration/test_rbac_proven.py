@@ -35,7 +35,6 @@ from kubesim.authn import UserInfo
 from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdStore, prefix_end
 from kubesim.rbac_authorizer import Attributes, rule_allows
-from storage_migrator.chunks import ChunkOptions, migrate_chunk
 from storage_migrator.crds import CRDS
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.discovery import discover
@@ -182,20 +181,19 @@ def test_every_flow_runs_with_only_the_shipped_role(
     assert state.is_completed(), state.message
     assert {s.api_version for s in stored(rc, "configmaps").values()} == {"v2"}
 
-    # PUT mode (the fallback for resources without patch): the chunk loop as the flow runs it.
+    # PUT mode (the fallback for resources that serve no patch): configmaps served without
+    # patch, so discovery tells the flow to re-write each object with PUT; back to v1.
     rc.admin.set_storage_version("configmaps", "v1")
-    api = rc.sa_api()
+    rc.admin.set_verbs("configmaps", ["create", "delete", "get", "list", "update", "watch"])
+    rc.admin.reset_counters()
     try:
-        options = ChunkOptions(limit=3, write_mode="put", backoff_base_seconds=0.01, backoff_max_seconds=0.1)
-        token: str | None = None
-        while True:
-            chunk = migrate_chunk(api, CONFIGMAPS, continue_token=token, options=options)
-            assert chunk.failed == 0, chunk.failures
-            token = chunk.token_out
-            if token is None:
-                break
+        state = migrate_resource(resource="configmaps", kubeconfig=sa, return_state=True, **FAST)
+        assert state.is_completed(), state.message
+        assert state.result().progress.rewritten == 5
     finally:
-        api.close()
+        rc.admin.set_verbs("configmaps", None)
+    requests = rc.admin.counters()["requestsByResource"]
+    assert (requests.get("update configmaps"), requests.get("patch configmaps")) == (5, None)
     assert {s.api_version for s in stored(rc, "configmaps").values()} == {"v1"}
 
     # initialize (kept small by the include list), then run-migrations runs what it requested.

@@ -167,13 +167,21 @@ class WriterLease:
             self._acquire_lease(client)
 
     def _run(self) -> None:
+        failing = False  # said once when reads start failing and once when they work again, not twice a second
         with get_client(sync_client=True) as client:
             while not self._stop.wait(REFRESH_SECONDS):
                 try:
                     self._renew(client)
                     self.limiter.set_view(self._read(client))
                 except Exception as exc:  # noqa: BLE001 - a stale view pauses writes (write_share)
-                    log.warning("write budget %s: reading the budget failed (%s); writes pause", self.name, exc)
+                    if not failing:
+                        log.warning("write budget %s: reading the budget failed (%s); writes pause until it "
+                                    "answers", self.name, exc)  # fmt: skip
+                    failing = True
+                    continue
+                if failing:
+                    log.warning("write budget %s: the budget answers again; writes go on", self.name)
+                    failing = False
 
     def leave(self) -> None:
         self._stop.set()

@@ -4,8 +4,10 @@
 #
 # Without arguments the tests run in two lanes at once: the e2e tier (Prefect
 # servers and workers of its own; its time is mostly spent waiting for flow runs
-# to start) beside everything else. Each lane is one pytest session with its own
-# etcd, kubesim and Prefect server. With arguments, one pytest run takes them.
+# to start) beside everything else, which pytest-xdist splits over two workers by
+# file. Each lane, and each worker, is a pytest session with its own etcd,
+# kubesim and Prefect server: most tests wait on servers and flow runs, so three
+# sessions share the 2 cores CI has. With arguments, one pytest run takes them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
@@ -28,7 +30,7 @@ trap 'rm -f "$e2e_log"' EXIT
 uv run pytest tests/e2e --durations=10 >"$e2e_log" 2>&1 &
 e2e_pid=$!
 rest=0
-uv run pytest --ignore=tests/e2e --durations=25 || rest=$?
+uv run pytest --ignore=tests/e2e -n 2 --dist loadfile --durations=25 || rest=$?
 e2e=0
 wait "$e2e_pid" || e2e=$?
 echo "== pytest tests/e2e (ran beside the above)"

@@ -112,6 +112,15 @@ def test_a_failed_object_is_recorded_without_its_content(
     assert failed[0].payload["failures"][0]["message"] == "fields: data.password (FieldValueInvalid)"
     every = events_of(prefix="storage-migrator.", since=since)
     assert SENTINEL not in json.dumps([e.model_dump(mode="json") for e in every])
+    # The ledger (the session's SQLite file, tests/conftest.py): the run's outcome and chunk rows
+    # name the object and the field path, never the value the API's answer quoted.
+    from storage_migrator.ledger.writer import writer_for
+
+    url = os.environ["STORAGE_MIGRATOR_DATABASE_URL"]
+    assert writer_for(url).flush(30)
+    ledger = Path(url.removeprefix("sqlite:///"))
+    stored = b"".join(p.read_bytes() for p in ledger.parent.glob(ledger.name + "*"))  # the file and its WAL
+    assert b"data.password (FieldValueInvalid)" in stored and SENTINEL.encode() not in stored
     core.delete_namespaced_config_map("holder", namespace)
 
 

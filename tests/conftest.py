@@ -20,21 +20,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # The ledger (issue 12): the session's runs are recorded in a file of its own, never ./storage-migrator.db;
-# tests of the ledger point STORAGE_MIGRATOR_DATABASE_URL at their own database.
-if "STORAGE_MIGRATOR_DATABASE_URL" not in os.environ:
+# tests of the ledger point STORAGE_MIGRATOR_DATABASE_URL at their own database. Each pytest-xdist worker
+# inherits the controller's environment and makes a file of its own, as it has its own etcd and kubesim.
+if os.environ.get("STORAGE_MIGRATOR_DATABASE_URL", "") in ("", os.environ.get("_STORAGE_MIGRATOR_TEST_LEDGER")):
     _ledger_dir = tempfile.mkdtemp(prefix="storage-migrator-ledger-")
     atexit.register(shutil.rmtree, _ledger_dir, True)
     os.environ["STORAGE_MIGRATOR_DATABASE_URL"] = f"sqlite:///{_ledger_dir}/ledger.db"
+    os.environ["_STORAGE_MIGRATOR_TEST_LEDGER"] = os.environ["STORAGE_MIGRATOR_DATABASE_URL"]
 
 from ledger_fixtures import postgres_server, postgres_url  # noqa: F401 - fixtures for the ledger's tests
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdStore
+
+# The tests share 2 cores with etcd, kubesim and Prefect servers (scripts/test.sh runs three pytest
+# sessions at once), so one draw can wait a second for a core: time says nothing about a property.
+settings.register_profile("shared-cores", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-cores")
 
 
 @dataclass

@@ -107,6 +107,33 @@ def test_every_object_is_reencoded_and_a_second_run_rewrites_nothing(
     assert {k: v[2] for k, v in stored(kubesim, prefix).items()} == {k: v[2] for k, v in after.items()}
 
 
+def test_a_chunk_leaves_nothing_of_prefects_task_bookkeeping_behind(
+    kubesim: Kubesim, namespace: str, core: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13: the flow's memory is flat from 10^4 to 10^6 objects. Prefect keeps, per task
+    run, a link from its result to its state and a cancel event in its thread pool until the
+    flow run ends; the flow drops them after each chunk, so chunk 8 holds what chunk 1 held."""
+    from prefect.context import FlowRunContext
+
+    import flows.migrate_resource as module
+
+    held: list[tuple[int, int]] = []
+    forget = module._forget_task_results
+
+    def forget_and_count(*finished: Any) -> None:
+        forget(*finished)
+        context = FlowRunContext.get()
+        assert context is not None
+        held.append((len(context.run_results), len(context.task_runner._cancel_events)))  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(module, "_forget_task_results", forget_and_count)
+    make_configmaps(core, namespace, 40)
+    kubesim.admin.set_storage_version("configmaps", "v2")
+    assert run_flow(kubesim, resource="configmaps", chunk_size=5).is_completed()
+    assert len(held) >= 8
+    assert held == [held[0]] * len(held), held
+
+
 def test_unknown_resource_names_it_and_creates_nothing(kubesim: Kubesim) -> None:
     """DESIGN 8: bad input gives a clear error that names the object, and changes nothing."""
     api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))

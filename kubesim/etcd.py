@@ -11,11 +11,9 @@ reads at a past revision (continue tokens) and compare-and-swap on
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import queue
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -42,14 +40,17 @@ class EtcdUnavailable(Exception):
     """etcd did not answer."""
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGTERM the etcd child when the process that started it dies, even by SIGKILL.
+def _die_with_parent(args: list[str]) -> list[str]:
+    """Linux: etcd gets SIGTERM when the process that started it dies, even by SIGKILL.
 
     Tests kill migrator and kubesim processes on purpose; their etcd must not outlive them.
+    util-linux's `setpriv` (Essential in Debian) sets PR_SET_PDEATHSIG and execs etcd: no
+    Python runs between fork and exec. A `preexec_fn` did, and made the child run gRPC's
+    fork handlers, whose poller then lost its fd to `close_fds` and killed the child before
+    etcd started ("epoll_wait error: Bad file descriptor"; seen once in a CI run).
     """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "TERM", *args] if setpriv else args
 
 
 def free_port() -> int:
@@ -108,7 +109,7 @@ class EtcdProcess:
             *self.extra_args,
         ]  # fmt: skip
         log = open(self._log_path, "wb")  # noqa: SIM115 - owned by the child
-        self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self._proc = subprocess.Popen(_die_with_parent(args), stdout=log, stderr=subprocess.STDOUT)
         log.close()
         store = EtcdStore(self.url)
         deadline = time.monotonic() + timeout

@@ -4,7 +4,8 @@ Issue 12: the ledger is "tested in CI against a real PostgreSQL server that the
 test run installs (Debian `postgresql`) and starts itself". scripts/bootstrap.sh
 installs the binaries; devstack.postgres starts it (the same throw-away server the
 demo and the e2e tests run Prefect on). Each test gets a database of its own, so
-every test also checks the Alembic upgrade from an empty database.
+every test also checks the Alembic upgrade from an empty database. And what a SQLite
+ledger holds on disk, for the tests that search it for a value that must not be there.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from devstack.postgres import Postgres, postgres_bin, start_postgres
 
-__all__ = ["PostgresServer", "postgres_server", "postgres_url"]
+__all__ = ["PostgresServer", "postgres_server", "postgres_url", "sqlite_ledger_bytes"]
 
 
 @dataclass
@@ -59,3 +61,13 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_url(postgres_server: PostgresServer) -> str:
     """A fresh, empty database of the session's server (the ledger upgrades it from nothing)."""
     return postgres_server.url(postgres_server.create_database())
+
+
+def sqlite_ledger_bytes(url: str) -> bytes:
+    """Every byte a SQLite ledger at `url` holds on disk (the file, its WAL and shared memory),
+    once the rows queued for it are written."""
+    from storage_migrator.ledger.writer import writer_for
+
+    assert writer_for(url).flush(30)
+    path = Path(url.removeprefix("sqlite:///"))
+    return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))

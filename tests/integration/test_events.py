@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from ledger_fixtures import sqlite_ledger_bytes
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
@@ -114,12 +115,7 @@ def test_a_failed_object_is_recorded_without_its_content(
     assert SENTINEL not in json.dumps([e.model_dump(mode="json") for e in every])
     # The ledger (the session's SQLite file, tests/conftest.py): the run's outcome and chunk rows
     # name the object and the field path, never the value the API's answer quoted.
-    from storage_migrator.ledger.writer import writer_for
-
-    url = os.environ["STORAGE_MIGRATOR_DATABASE_URL"]
-    assert writer_for(url).flush(30)
-    ledger = Path(url.removeprefix("sqlite:///"))
-    stored = b"".join(p.read_bytes() for p in ledger.parent.glob(ledger.name + "*"))  # the file and its WAL
+    stored = sqlite_ledger_bytes(os.environ["STORAGE_MIGRATOR_DATABASE_URL"])
     assert b"data.password (FieldValueInvalid)" in stored and SENTINEL.encode() not in stored
     core.delete_namespaced_config_map("holder", namespace)
 

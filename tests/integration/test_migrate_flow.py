@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from ledger_fixtures import sqlite_ledger_bytes
 
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
@@ -310,12 +311,10 @@ def test_a_secret_body_never_reaches_prefect(
     if results.exists():
         searched += [p for p in results.rglob("*") if p.is_file()]
     assert len(searched) >= 1
-    assert writer_for(ledger_url).flush(30)
     if ledger == "sqlite":
-        ledger_files = list((tmp_path / "ledger").iterdir())
-        searched += ledger_files
-        recorded = b"".join(p.read_bytes() for p in ledger_files)
+        recorded = sqlite_ledger_bytes(ledger_url)
     else:
+        assert writer_for(ledger_url).flush(30)
         recorded = server.dump(database)
     # The ledger holds the run (so the search below searched something) and not the value.
     assert state.result().migration.encode() in recorded

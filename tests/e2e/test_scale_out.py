@@ -36,9 +36,11 @@ from storage_migrator.settings import Settings
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(900)]
 
 RESOURCES = ("configmaps", "secrets", "serviceaccounts")
-# Per resource, in the test's namespace: at RATE, the keeper's runs outlast the other worker's start.
+# Per resource, in the test's namespace. At RATE, a run alone takes OBJECTS / RATE = 20 s at the
+# least: each worker's runs outlast the other's flow-run start (10 s apart seen in CI), so the
+# victim is still mid-run when the keeper's migrations run too (run_kill_and_resume waits for that).
 OBJECTS = 600
-RATE = 60  # writes per second, shared by every run on both workers
+RATE = 30  # writes per second, shared by every run on both workers
 CHUNK = 50  # objects per LIST page: the checkpoint granularity, so the most a crash re-does
 # Seconds without a sign of life (the run taken, started, a checkpoint) after which a
 # migration's run counts as dead: longer than a flow run takes to start on a loaded
@@ -207,12 +209,18 @@ def run_kill_and_resume(stack: PrefectStack, ours: Any, names: dict[str, str], w
     stack.start_worker(VICTIM, limit=1)
 
     def victim_mid_run() -> list[str]:
+        """beta's migrations with a checkpoint and not done, once alpha runs a migration too:
+        killing beta before alpha's runs start would leave nothing that ran at once."""
         runs = history(stack)
+        if not any(migration_of(runs[i]) and (state := runs[i].state) and state.is_running()
+                   for i in submitted(stack, KEEPER) if i in runs):  # fmt: skip
+            return []
         mine = [migration_of(runs[i]) for i in submitted(stack, VICTIM) if i in runs]
         return [m for m in mine if m and (s := read_migration(ours, m).status).progress is not None
                 and s.progress.listed >= CHUNK and not is_condition_true(s.conditions, "Succeeded")]  # fmt: skip
 
-    killed = wait_for(victim_mid_run, timeout=180, what=f"a migration on {VICTIM} with a checkpoint")
+    killed = wait_for(victim_mid_run, timeout=180,
+                      what=f"a migration on {VICTIM} with a checkpoint while {KEEPER} runs one")  # fmt: skip
     taken = submitted(stack, VICTIM)
     assert len(stack.kill_worker(VICTIM)) >= 2, "the worker and at least one flow-run process"
     crash = Crash(migrations=killed, runs=taken, at=datetime.now(UTC), at_monotonic=time.monotonic(),

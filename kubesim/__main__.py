@@ -1,7 +1,7 @@
 """kubesim's command line.
 
 python -m kubesim serve --kubeconfig PATH [--etcd URL] [--port N] [--servers N]
-    [--token-auth-file FILE --authorization-mode RBAC]
+    [--encryption-provider-config FILE ...] [--token-auth-file FILE --authorization-mode RBAC]
 python -m kubesim admin --kubeconfig PATH <command> ...
 """
 
@@ -38,7 +38,8 @@ Use the kubeconfig with kubectl or any Kubernetes client:
 _ADMIN_HELP = """\
 Drive the admin API of a running kubesim (outside the Kubernetes API, under
 /_kubesim/ on the same port): stand-ins for an upgrade (a built-in resource's
-storage version), encryption keys, etcd compaction, fault injection, counters.
+storage version), encryption keys, feature gates, what /metrics reports, etcd
+compaction, fault injection, counters.
 """
 
 
@@ -59,7 +60,7 @@ def serve(args: argparse.Namespace) -> int:
             authz_warmup_seconds=args.authz_warmup,
             identity_lease_seconds=args.identity_lease_duration_seconds,
             feature_gates=args.feature_gates,
-            encryption_config=args.encryption_provider_config,
+            encryption_config=_encryption_files(args.encryption_provider_config),
             automatic_reload=args.encryption_provider_config_automatic_reload,
             reload_interval=args.encryption_provider_config_reload_interval,
             token_auth_file=args.token_auth_file,
@@ -78,6 +79,13 @@ def serve(args: argparse.Namespace) -> int:
         cluster.stop()
         print("kubesim: stopped", flush=True)
     return 0
+
+
+def _encryption_files(files: list[str] | None) -> str | list[str] | None:
+    """--encryption-provider-config given once: one file for every server; more: one per server."""
+    if not files:
+        return None
+    return files[0] if len(files) == 1 else files
 
 
 def _fault_rule(args: argparse.Namespace) -> dict[str, Any]:
@@ -134,6 +142,8 @@ def admin(args: argparse.Namespace) -> int:
     elif cmd == "verbs":
         verbs = None if args.verbs == "default" else [v for v in args.verbs.split(",") if v]
         _print(client.set_verbs(args.resource, verbs, group=args.group))
+    elif cmd == "metrics":
+        _print(client.set_metrics(encryption_config_info=args.encryption_config_info)["metrics"])
     elif cmd == "compact":
         _print({"compactedAtRevision": client.compact()})
     elif cmd == "faults":
@@ -181,9 +191,10 @@ def parser() -> argparse.ArgumentParser:
     p_serve.add_argument("--identity-lease-duration-seconds", type=int, default=LEASE_SECONDS, metavar="SECONDS",
                          help="each API server's identity lease in kube-system, as kube-apiserver's flag (default "
                          f"{LEASE_SECONDS}); a server gone for longer loses its StorageVersion entries")  # fmt: skip
-    p_serve.add_argument("--encryption-provider-config", metavar="FILE",
+    p_serve.add_argument("--encryption-provider-config", metavar="FILE", action="append",
                          help="an EncryptionConfiguration file (apiserver.config.k8s.io/v1; aescbc and identity "
-                         "providers), as kube-apiserver's flag; an invalid file refuses to start. Without it, "
+                         "providers), as kube-apiserver's flag; an invalid file refuses to start. Once: every server "
+                         "reads it; once per --servers: server i reads the i-th (a rolling update). Without it, "
                          "Secrets are encrypted with key1 and `admin encryption` changes the keys")  # fmt: skip
     p_serve.add_argument("--encryption-provider-config-automatic-reload", action="store_true",
                          help="re-read the file when its content changes; an invalid new file keeps the previous "
@@ -220,6 +231,10 @@ def parser() -> argparse.ArgumentParser:
     p_vb.add_argument("resource", help="e.g. configmaps")
     p_vb.add_argument("verbs", help="comma-separated, e.g. get,list,update; 'default' for the resource's own")
     p_vb.add_argument("--group", default="", help="API group, e.g. apps (default: core)")
+    p_m = cmds.add_parser("metrics", help="what this server's /metrics reports")
+    p_m.add_argument("--encryption-config-info", action=argparse.BooleanOptionalAction, required=True,
+                     help="apiserver_encryption_config_controller_last_config_info (its config hash); "
+                     "--no-encryption-config-info: leave it out, as a server that predates it")  # fmt: skip
     cmds.add_parser("compact", help="compact etcd at its current revision (old continue tokens then answer 410)")
     p_f = cmds.add_parser("faults", help="inject faults: set, add, list, clear")
     p_f.add_argument("action", choices=["set", "add", "list", "clear"])

@@ -72,6 +72,11 @@ class Admin:
         """E.g. {"StorageVersionMigrator": True}: serve the in-tree storagemigration.k8s.io API."""
         return dict(self._call("PUT", "feature-gates", gates))
 
+    def set_metrics(self, *, encryption_config_info: bool) -> dict[str, Any]:
+        """False: this server's /metrics leaves out apiserver_encryption_config_controller_last_config_info
+        (a server that predates it); True: reports it again (the default)."""
+        return dict(self._call("PUT", "metrics", {"encryptionConfigInfo": encryption_config_info}))
+
     def compact(self) -> int:
         return int(self._call("POST", "compact")["revision"])
 

@@ -1,9 +1,9 @@
 """What the admin API (`/_kubesim/`, `python -m kubesim admin`) does to one API server.
 
 Outside the Kubernetes API: the stand-ins for an upgrade (a built-in resource's
-storage version), encryption keys, feature gates, etcd compaction, fault
-injection and counters. Mixed into `kubesim.server.ApiServer`, which routes the
-HTTP requests here.
+storage version), encryption keys, feature gates, what /metrics reports, etcd
+compaction, fault injection and counters. Mixed into `kubesim.server.ApiServer`,
+which routes the HTTP requests here.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class AdminOperations:
             },
             "encryption": self._encryption_state(),
             "featureGates": {gate: gate in cfg.feature_gates for gate in FEATURE_GATES},
+            "metrics": {"encryptionConfigInfo": cfg.encryption_config_metric},
             "etcdURL": self.registry.etcd.url,
             "etcdRevision": self.registry.etcd.revision(),
         }
@@ -44,13 +45,15 @@ class AdminOperations:
         enc = self.registry.config.encryption
         file = enc.file
         if file is None:
-            return {"resources": sorted(enc.resources), "keys": list(enc.keys)}
+            # configHash: what /metrics reports, the hash of server_config.admin_document.
+            return {"resources": sorted(enc.resources), "keys": list(enc.keys), "configHash": enc.config_hash}
         summary = file.summary()
         keys = list(dict.fromkeys(k for rule in summary for k in rule["readKeys"]))
         return {
             # The admin-API shape, filled from the file: encrypted patterns, every key name.
             "resources": sorted(rule["resource"] for rule in summary if rule["writeKey"] is not None),
             "keys": keys,
+            "configHash": file.hash,
             "providerConfig": {
                 "path": str(enc.file_path),
                 "hash": file.hash,
@@ -136,6 +139,17 @@ class AdminOperations:
         storageversions.publish(self.registry)
         return self.admin_state()
 
+    def set_metrics(self, body: dict[str, Any]) -> dict[str, Any]:
+        """{"encryptionConfigInfo": false}: serve /metrics without
+        apiserver_encryption_config_controller_last_config_info (kubesim/metrics.py); true: with it."""
+        unknown = sorted(set(body) - {"encryptionConfigInfo"})
+        on = body.get("encryptionConfigInfo")
+        if unknown or not isinstance(on, bool):
+            raise bad_request(f'expected {{"encryptionConfigInfo": true|false}}; got {body!r}')
+        with self.registry.lock:
+            self.registry.config.encryption_config_metric = on
+        return self.admin_state()
+
     def compact(self) -> dict[str, Any]:
         return {"revision": self.registry.etcd.compact()}
 
@@ -167,6 +181,8 @@ class AdminOperations:
             return self.set_verbs(body)
         if route == "feature-gates" and method in ("PUT", "POST"):
             return self.set_feature_gates(body)
+        if route == "metrics" and method in ("PUT", "POST"):
+            return self.set_metrics(body)
         if route == "compact" and method == "POST":
             return self.compact()
         if route == "faults" and method in ("PUT", "POST"):

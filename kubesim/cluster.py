@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +84,7 @@ class Cluster:
         authz_warmup_seconds: float = 0.0,
         identity_lease_seconds: int = leases.LEASE_SECONDS,
         feature_gates: Mapping[str, bool] | None = None,
-        encryption_config: Path | str | None = None,
+        encryption_config: Path | str | Sequence[Path | str] | None = None,
         automatic_reload: bool = False,
         reload_interval: float = 1.0,
         token_auth_file: Path | str | None = None,
@@ -95,9 +95,11 @@ class Cluster:
         ServerConfig of every server this cluster creates (kube-apiserver's --feature-gates).
 
         `encryption_config`: an `EncryptionConfiguration` file every server reads
-        (kube-apiserver's --encryption-provider-config, kubesim/encryption.py); an
-        invalid one makes start() raise encryption.ConfigError. `automatic_reload`
-        (--encryption-provider-config-automatic-reload): each server polls the file
+        (kube-apiserver's --encryption-provider-config, kubesim/encryption.py), or a
+        list of `servers` files, server i reading the i-th (servers mid-way through a
+        rolling update of the file; a ValueError for another length); an invalid one
+        makes start() raise encryption.ConfigError. `automatic_reload`
+        (--encryption-provider-config-automatic-reload): each server polls its file
         every `reload_interval` seconds (kube-apiserver: about a minute) and
         applies a changed, valid content.
 
@@ -112,7 +114,18 @@ class Cluster:
         self._authz_warmup_seconds = authz_warmup_seconds
         self.identity_lease_seconds = identity_lease_seconds
         self._feature_gates = dict(feature_gates or {})
-        self._encryption_config = Path(encryption_config) if encryption_config is not None else None
+        #: The file every server reads, or one per server (then None and `_encryption_configs`).
+        self._encryption_config: Path | None = None
+        self._encryption_configs: list[Path] | None = None
+        if isinstance(encryption_config, (str, os.PathLike)):
+            self._encryption_config = Path(encryption_config)
+        elif encryption_config is not None:
+            self._encryption_configs = [Path(p) for p in encryption_config]
+            if len(self._encryption_configs) != servers:
+                raise ValueError(
+                    f"encryption_config: {len(self._encryption_configs)} files for {servers} servers; "
+                    "give one file for every server, or one per server"
+                )
         self._reload_interval = reload_interval if automatic_reload else None
         self.access = AccessConfig(
             token_auth_file=Path(token_auth_file) if token_auth_file is not None else None,
@@ -134,33 +147,47 @@ class Cluster:
         return self.servers[0]
 
     def start(self) -> Cluster:
-        if self._encryption_config is not None:
-            encryption.load(self._encryption_config)  # refuse a bad file before starting etcd
+        for path in self._encryption_configs or ([self._encryption_config] if self._encryption_config else []):
+            encryption.load(path)  # refuse a bad file before starting etcd
         if self._etcd_url is None:
             self._etcd_process = EtcdProcess().start()
             self._etcd_url = self._etcd_process.url
         try:
             self._control = Registry(EtcdStore(self.etcd_url))
             for i in range(self._count):
-                self.add_server(port=self._port if i == 0 else 0, authz_warmup_seconds=self._authz_warmup_seconds)
+                self.add_server(
+                    port=self._port if i == 0 else 0,
+                    authz_warmup_seconds=self._authz_warmup_seconds,
+                    encryption_config=self._encryption_configs[i] if self._encryption_configs else None,
+                )
         except BaseException:
             self.stop()
             raise
         return self
 
     def add_server(
-        self, *, port: int = 0, config: ServerConfig | None = None, authz_warmup_seconds: float = 0.0
+        self,
+        *,
+        port: int = 0,
+        config: ServerConfig | None = None,
+        authz_warmup_seconds: float = 0.0,
+        encryption_config: Path | str | None = None,
     ) -> ApiServer:
-        """Start one more API server (its identity lease, StorageVersion entries and EndpointSlice)."""
+        """Start one more API server (its identity lease, StorageVersion entries and EndpointSlice).
+
+        Without `config`, its encryption file is `encryption_config` when given, else
+        the cluster's single file; a cluster of per-server files needs it named (which
+        file a new server of a rolling update reads is the caller's choice)."""
         if config is None:
             # A fixed port is a server that may be started again (a crash, an upgrade): a stable ID.
             config = ServerConfig(server_id=host_server_id(port)) if port else ServerConfig()
             for gate, on in self._feature_gates.items():
                 (config.feature_gates.add if on else config.feature_gates.discard)(gate)
-            if self._encryption_config is not None:
-                config.encryption = EncryptionConfig.from_file(
-                    self._encryption_config, reload_interval=self._reload_interval
-                )
+            path = Path(encryption_config) if encryption_config is not None else self._encryption_config
+            if path is None and self._encryption_configs is not None:
+                raise ValueError("this cluster's servers read files of their own: add_server(encryption_config=PATH)")
+            if path is not None:
+                config.encryption = EncryptionConfig.from_file(path, reload_interval=self._reload_interval)
         server = self._start_server(port=port, config=config, authz_warmup_seconds=authz_warmup_seconds)
         self.servers.append(server)
         self._add_endpoint(server)
@@ -177,7 +204,8 @@ class Cluster:
     def restart_server(
         self, index: int = 0, *, down_seconds: float = 0.0, authz_warmup_seconds: float = 0.0
     ) -> ApiServer:
-        """Restart API server `index` as a real restart: same port, same etcd, same `ServerConfig`.
+        """Restart API server `index` as a real restart: same port, same etcd, same `ServerConfig`
+        (its own encryption file, read again: an invalid one raises encryption.ConfigError).
 
         Connections in flight are dropped; for `down_seconds` the port refuses
         connections; then a new server (fresh in-memory state) answers 403 to every

@@ -6,7 +6,7 @@ kubectl work against it unchanged (DESIGN 6): discovery, OpenAPI documents for
 kubectl's validation, GET/LIST/WATCH, POST, PUT, PATCH (merge, JSON,
 strategic), DELETE, the status subresource, metadata-only answers
 (`as=PartialObjectMetadata[List]`) and server-side tables (`as=Table`, with a
-CRD's printer columns).
+CRD's printer columns), and `/metrics` (kubesim/metrics.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from kubesim import aggregation, encryption, health, leases, openapi, openapi_v2, protobuf, storageversions
+from kubesim import aggregation, encryption, health, leases, metrics, openapi, openapi_v2, protobuf, storageversions
 from kubesim.access import AccessConfig, AccessControl
 from kubesim.admin_ops import AdminOperations
 from kubesim.authn import SUPERUSER_GROUP, UserInfo
@@ -270,6 +270,14 @@ class Handler(BaseHTTPRequestHandler):
         if method == "GET" and path.rstrip("/") in health.HEALTH_PATHS:
             code, text = health.health_answer(path, warming=self.api.warmup.active(), verbose="verbose" in query)
             self._send(code, text, headers={"X-Content-Type-Options": "nosniff"}, ctype="text/plain; charset=utf-8")
+            return
+        if method == "GET" and path == metrics.PATH:  # kubesim/metrics.py
+            self.api.faults.count("metrics", "", bytes_in=len(raw))
+            if self.api.warmup.active() and not self._superuser():
+                raise metrics.warmup_forbidden(self.user.name if self.user else None)
+            self._send(
+                200, metrics.exposition(registry.config, started_at=self.api.started_at), ctype=metrics.CONTENT_TYPE
+            )
             return
         parts = [x for x in path.split("/") if x]
         if parts[:1] == ["apis"] and len(parts) >= 3 and aggregation.find(self._aggregated(), parts[1], parts[2]):

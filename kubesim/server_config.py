@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -56,6 +57,42 @@ class EncryptionConfig:
     def write_key(self, group_resource: str) -> str | None:
         return self.transformer(group_resource).write_key
 
+    @property
+    def config_hash(self) -> str:
+        """`sha256:<hex>` of the configuration in force (the `hash` label of /metrics, kubesim/metrics.py).
+
+        From a file: the hash of the file's bytes as last applied (a failed
+        reload keeps the old one). From the admin API: the hash of
+        `admin_document()`, kubesim's stand-in for the file's bytes."""
+        config = self.file
+        if config is not None:
+            return config.hash
+        return encryption.config_hash(admin_document(self.resources, self.keys))
+
+
+def admin_document(resources: set[str] | list[str], keys: list[str]) -> bytes:
+    """The EncryptionConfiguration file equivalent to admin-API encryption (`resources`, `keys`).
+
+    kubesim's stand-in for the bytes of `--encryption-provider-config` when a
+    server's encryption comes from the admin API (`Admin.set_encryption`): the
+    hash of this document is what /metrics reports as `hash`. Rendered
+    deterministically (resources sorted, keys in order, JSON with sorted keys),
+    so the same resources and keys on two servers give the same bytes, and any
+    change of the write key, the read keys or the resources gives others. It is a
+    valid file (encryption.parse reads it) meaning what the admin settings mean:
+    the listed resources written with the first key, every key (secrets derived
+    from the names, codec.derived_secret) and plaintext read for every resource.
+    """
+    aescbc = [{"aescbc": {"keys": [{"name": k, "secret": base64.b64encode(codec.derived_secret(k)).decode()}
+                                   for k in keys]}}] if keys else []  # fmt: skip
+    identity: list[dict[str, object]] = [{"identity": {}}]
+    rules: list[dict[str, object]] = []
+    if resources and keys:
+        rules.append({"resources": sorted(resources), "providers": aescbc + identity})
+    rules.append({"resources": ["*.*"], "providers": identity + aescbc})
+    doc = {"apiVersion": encryption.API_VERSION, "kind": encryption.KIND, "resources": rules}
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
 
 def host_server_id(port: int) -> str:
     """The ID of the API server on `port` of this host, the same at every start.
@@ -86,3 +123,6 @@ class ServerConfig:
     # a stand-in for an API that serves no `patch` (some aggregated APIs), whose objects the
     # migrator re-writes with PUT (admin `verbs`)
     verbs: dict[str, list[str]] = field(default_factory=dict)
+    # /metrics reports apiserver_encryption_config_controller_last_config_info (kubesim/metrics.py);
+    # False: served without it, as a server that predates the metric (admin `metrics`)
+    encryption_config_metric: bool = True

@@ -110,9 +110,10 @@ def test_removing_the_approval_of_an_installed_crd_is_refused(kubesim: Any, migr
 def test_changing_spec_resource_of_a_migration_is_refused_and_etcd_unchanged(
     kubesim: Any, custom: k8s.CustomObjectsApi
 ) -> None:
-    """Our CRD's transition rule `self == oldSelf` on spec.resource; the real server answers
-    field.Invalid(path, "object", message): `spec.resource: Invalid value: "object": spec.resource
-    is immutable; create another StorageVersionMigration to migrate another resource`."""
+    """Our CRD's transition rule on spec.resource (immutable, an omitted group or version equal to
+    ""); the real server answers field.Invalid(path, "object", message): `spec.resource: Invalid
+    value: "object": spec.resource is immutable; create another StorageVersionMigration to migrate
+    another resource`."""
     name = unique("immutable")
     custom.create_cluster_custom_object(GROUP, VERSION, SVMS, svm_body(name))
     try:
@@ -141,6 +142,117 @@ def test_changing_spec_resource_of_a_migration_is_refused_and_etcd_unchanged(
         assert stored_svm(kubesim, name)[1]["spec"]["continueToken"] == "abc"
     finally:
         custom.delete_cluster_custom_object(GROUP, VERSION, SVMS, name)
+
+
+IMMUTABLE = "spec.resource is immutable; create another StorageVersionMigration to migrate another resource"
+
+
+def put_raw(url: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """A PUT whose JSON is exactly `body`: no client fills in a missing key."""
+    return call(url, "PUT", path, body)
+
+
+def test_an_update_without_the_empty_group_is_accepted_as_a_go_client_sends_it(
+    kubesim: Any, custom: k8s.CustomObjectsApi
+) -> None:
+    """Issue 19, item 6: "Our CRD's rule that `spec.resource` is immutable (`x-kubernetes-validations:
+    - rule: self == oldSelf`, in both CRDs) treats an omitted `group` and `group: ""` as different.
+    Go clients omit empty strings (`omitempty`), so an update from the kube-storage-version-migrator
+    (a Go program) to a request created with `group: ""` is refused: we saw it on every checkpoint
+    it tried. Compare with the defaults applied (an empty group equals no group), as apimachinery's
+    semantic equality does."
+
+    kube-storage-version-migrator checkpoints as pkg/migrator/progress.go does: GET, set
+    spec.continueToken, PUT the whole object, which Go serializes without `group` (and without
+    `version` when it is ""). A real change of the group is still a 422 naming spec.resource,
+    and etcd keeps what it had."""
+    name = unique("omitempty")
+    custom.create_cluster_custom_object(GROUP, VERSION, SVMS, svm_body(name))  # group: ""
+    path = f"/apis/{GROUP}/{VERSION}/{SVMS}/{name}"
+    try:
+        assert stored_svm(kubesim, name)[1]["spec"]["resource"] == {"group": "", "version": "v1", "resource": "secrets"}
+        # The checkpoint as the Go migrator sends it: raw JSON, no `group` key.
+        current = custom.get_cluster_custom_object(GROUP, VERSION, SVMS, name)
+        go_body = copy.deepcopy(current)
+        del go_body["spec"]["resource"]["group"]
+        go_body["spec"]["continueToken"] = "chunk-1"
+        status, answer = put_raw(kubesim.url, path, go_body)
+        assert status == 200, answer
+        assert '"group"' not in json.dumps(answer["spec"])
+        _, stored = stored_svm(kubesim, name)
+        assert stored["spec"] == {"resource": {"version": "v1", "resource": "secrets"}, "continueToken": "chunk-1"}
+
+        # And back: a Python client's update that writes `group: ""` again (omitted -> "").
+        current = custom.get_cluster_custom_object(GROUP, VERSION, SVMS, name)
+        current["spec"]["resource"]["group"] = ""
+        current["spec"]["continueToken"] = "chunk-2"
+        custom.replace_cluster_custom_object(GROUP, VERSION, SVMS, name, current)
+        assert stored_svm(kubesim, name)[1]["spec"]["resource"]["group"] == ""
+
+        # A merge patch that removes the empty group (null deletes a key) is the same request.
+        patch = {"spec": {"resource": {"group": None}, "continueToken": "chunk-3"}}
+        status, answer = call(kubesim.url, "PATCH", path, patch, content_type="application/merge-patch+json")
+        assert status == 200, answer
+        assert stored_svm(kubesim, name)[1]["spec"]["resource"] == {"version": "v1", "resource": "secrets"}
+
+        # A real change of the group (no group -> "apps") is refused, etcd unchanged.
+        before = stored_svm(kubesim, name)
+        changed = custom.get_cluster_custom_object(GROUP, VERSION, SVMS, name)
+        changed["spec"]["resource"]["group"] = "apps"
+        with pytest.raises(k8s.ApiException) as caught:
+            custom.replace_cluster_custom_object(GROUP, VERSION, SVMS, name, changed)
+        assert caught.value.status == 422
+        body = json.loads(caught.value.body)
+        assert body["reason"] == "Invalid"
+        assert body["message"] == (
+            f'StorageVersionMigration.migration.k8s.io "{name}" is invalid: '
+            f'spec.resource: Invalid value: "object": {IMMUTABLE}'
+        )
+        assert body["details"]["causes"] == [
+            {
+                "reason": "FieldValueInvalid",
+                "message": f'Invalid value: "object": {IMMUTABLE}',
+                "field": "spec.resource",
+            }
+        ]
+        assert stored_svm(kubesim, name) == before
+        # So is dropping the version (v1 -> omitted, that is ""), though the group stays omitted.
+        go_body = copy.deepcopy(changed)
+        go_body["spec"]["resource"] = {"resource": "secrets"}
+        status, answer = put_raw(kubesim.url, path, go_body)
+        assert status == 422, answer
+        assert answer["details"]["causes"][0]["field"] == "spec.resource"
+        assert stored_svm(kubesim, name) == before
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, SVMS, name)
+
+
+def test_a_storage_state_update_without_the_empty_group_is_accepted(kubesim: Any, custom: k8s.CustomObjectsApi) -> None:
+    """The same rule on StorageState's spec.resource {group, resource} (issue 19, item 6)."""
+    resource = unique("widgets")
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "StorageState", "metadata": {"name": resource},
+            "spec": {"resource": {"group": "", "resource": resource}}}  # fmt: skip
+    custom.create_cluster_custom_object(GROUP, VERSION, STATES, body)
+    path = f"/apis/{GROUP}/{VERSION}/{STATES}/{resource}"
+    try:
+        current = custom.get_cluster_custom_object(GROUP, VERSION, STATES, resource)
+        del current["spec"]["resource"]["group"]
+        status, answer = put_raw(kubesim.url, path, current)
+        assert status == 200, answer
+        current = custom.get_cluster_custom_object(GROUP, VERSION, STATES, resource)
+        assert current["spec"]["resource"] == {"resource": resource}
+        current["spec"]["resource"]["group"] = "apps"
+        status, answer = put_raw(kubesim.url, path, current)
+        assert status == 422, answer
+        # The root's name rule fails too (and first: a node's rules run before its children's).
+        assert [(c["field"], c["message"]) for c in answer["details"]["causes"]] == [
+            ("<nil>", 'Invalid value: "object": metadata.name must be "<spec.resource.resource>.<spec.resource.group>", '
+             'or "<spec.resource.resource>" for the core group'),
+            ("spec.resource", 'Invalid value: "object": spec.resource is immutable; create another StorageState, '
+             "named after the other resource"),
+        ]  # fmt: skip
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, STATES, resource)
 
 
 def test_kubectl_apply_changing_spec_resource_is_refused(

@@ -162,6 +162,21 @@ def test_full_objects_survive_pruning() -> None:
         assert prune(wire, schema) == wire
 
 
+def immutable_with_defaults(schema: dict[str, Any]) -> str:
+    """The immutability rule a `spec.resource` schema needs (issue 19, item 6): every declared
+    field compared, an optional one with its default applied (omitted == ""), as apimachinery's
+    semantic equality compares Go structs whose empty strings `omitempty` drops."""
+    required = set(schema.get("required") or [])
+    clauses = []
+    for name, prop in sorted(schema["properties"].items(), key=lambda item: item[0] in required):  # optional first
+        assert prop["type"] == "string", (name, "the default '' is a string's")
+        if name in required:
+            clauses.append(f"self.{name} == oldSelf.{name}")
+        else:
+            clauses.append(f"(has(self.{name}) ? self.{name} : '') == (has(oldSelf.{name}) ? oldSelf.{name} : '')")
+    return " && ".join(clauses)
+
+
 def test_resource_is_immutable_and_printer_columns_are_simple() -> None:
     for file, group_model in (
         ("storageversionmigrations.yaml", GroupVersionResource),
@@ -169,7 +184,13 @@ def test_resource_is_immutable_and_printer_columns_are_simple() -> None:
     ):
         version = version_of(load_crd(file))
         resource = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["resource"]
-        assert {"rule": "self == oldSelf"}.items() <= resource["x-kubernetes-validations"][0].items()
+        [rule] = resource["x-kubernetes-validations"]
+        # Every field of spec.resource is compared (a field added without its clause fails here),
+        # an omitted optional one as "": not `self == oldSelf`, which refused Go clients' updates.
+        assert rule["rule"] == immutable_with_defaults(resource)
+        assert "\n" not in rule["rule"] and "optionalOldSelf" not in rule  # a transition rule: updates only
+        assert rule["message"].startswith("spec.resource is immutable; create another ")
+        assert resource["required"] == ["resource"]
         assert set(resource["properties"]) == {f.alias or n for n, f in group_model.model_fields.items()}
         for column in version["additionalPrinterColumns"]:
             path = column["jsonPath"]

@@ -180,19 +180,124 @@ def test_pruning_keeps_preserved_and_map_fields() -> None:
 # ----- CEL --------------------------------------------------------------------
 
 
+SVM_RESOURCE_RULE = (
+    "(has(self.group) ? self.group : '') == (has(oldSelf.group) ? oldSelf.group : '') && "
+    "(has(self.version) ? self.version : '') == (has(oldSelf.version) ? oldSelf.version : '') && "
+    "self.resource == oldSelf.resource"
+)
+STATE_RESOURCE_RULE = (
+    "(has(self.group) ? self.group : '') == (has(oldSelf.group) ? oldSelf.group : '') && "
+    "self.resource == oldSelf.resource"
+)
+SVM_IMMUTABLE = (
+    'spec.resource: Invalid value: "object": spec.resource is immutable; '
+    "create another StorageVersionMigration to migrate another resource"
+)
+STATE_IMMUTABLE = (
+    'spec.resource: Invalid value: "object": spec.resource is immutable; '
+    "create another StorageState, named after the other resource"
+)
+
+
 def test_immutable_resource_is_a_transition_rule() -> None:
-    """Our CRD: `rule: self == oldSelf` on spec.resource. The real server: field.Invalid(path,
-    sts.Type, message), printed `spec.resource: Invalid value: "object": <message>`."""
+    """Our CRD: spec.resource is immutable with the defaults applied (issue 19, item 6), a
+    transition rule. The real server: field.Invalid(path, sts.Type, message), printed
+    `spec.resource: Invalid value: "object": <message>`."""
+    rules = SVM["properties"]["spec"]["properties"]["resource"]["x-kubernetes-validations"]
+    assert [r["rule"] for r in rules] == [SVM_RESOURCE_RULE]
     old = svm()
     new = svm(spec={"resource": {"group": "", "version": "v1", "resource": "secrets"}})
     assert cel.validate(svm(), SVM) == []  # no oldSelf on create: a transition rule does not run
     assert cel.validate(copy.deepcopy(old), SVM, old) == []
     errors = cel.validate(new, SVM, old)
-    assert [str(e) for e in errors] == [
-        'spec.resource: Invalid value: "object": spec.resource is immutable; '
+    assert [str(e) for e in errors] == [SVM_IMMUTABLE]
+    assert errors[0].type == "FieldValueInvalid"
+
+
+def _with_resource(obj: dict[str, Any], resource: dict[str, str]) -> dict[str, Any]:
+    return {**obj, "spec": {**obj["spec"], "resource": resource}}
+
+
+# Issue 19, item 6: "Our CRD's rule that `spec.resource` is immutable (`self == oldSelf`) treats an
+# omitted `group` and `group: ""` as different. Go clients omit empty strings (`omitempty`) [...]
+# Compare with the defaults applied (an empty group equals no group)."
+@pytest.mark.parametrize(
+    ("old", "new", "ok"),
+    [
+        # the defaults applied: omitted == "", both ways, for group and for version
+        ({"group": "", "version": "v1", "resource": "secrets"}, {"version": "v1", "resource": "secrets"}, True),
+        ({"version": "v1", "resource": "secrets"}, {"group": "", "version": "v1", "resource": "secrets"}, True),
+        ({"group": "", "version": "", "resource": "secrets"}, {"resource": "secrets"}, True),
+        ({"resource": "secrets"}, {"group": "", "version": "", "resource": "secrets"}, True),
+        ({"group": "apps", "version": "v1", "resource": "deployments"},
+         {"group": "apps", "version": "v1", "resource": "deployments"}, True),
+        # every real change is refused
+        ({"group": "apps", "version": "v1", "resource": "deployments"}, {"group": "", "version": "v1", "resource": "deployments"}, False),
+        ({"group": "apps", "version": "v1", "resource": "deployments"}, {"version": "v1", "resource": "deployments"}, False),
+        ({"version": "v1", "resource": "deployments"}, {"group": "apps", "version": "v1", "resource": "deployments"}, False),
+        ({"group": "", "version": "v1", "resource": "secrets"}, {"group": "", "version": "v1", "resource": "configmaps"}, False),
+        ({"group": "", "version": "v1", "resource": "secrets"}, {"group": "", "version": "v2", "resource": "secrets"}, False),
+        ({"group": "", "version": "v1", "resource": "secrets"}, {"group": "", "resource": "secrets"}, False),
+        ({"resource": "secrets"}, {"version": "v1", "resource": "secrets"}, False),
+    ],
+)  # fmt: skip
+def test_migration_resource_is_immutable_with_the_defaults_applied(
+    old: dict[str, str], new: dict[str, str], ok: bool
+) -> None:
+    before = _with_resource(svm(), old)
+    after = _with_resource(svm(spec={"continueToken": "t"}), new)
+    got = [str(e) for e in cel.validate(after, SVM, before)]
+    assert got == ([] if ok else [SVM_IMMUTABLE])
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "ok"),
+    [
+        ({"group": "", "resource": "secrets"}, {"resource": "secrets"}, True),
+        ({"resource": "secrets"}, {"group": "", "resource": "secrets"}, True),
+        ({"group": "apps", "resource": "deployments"}, {"group": "apps", "resource": "deployments"}, True),
+        ({"group": "apps", "resource": "deployments"}, {"group": "", "resource": "deployments"}, False),
+        ({"group": "apps", "resource": "deployments"}, {"resource": "deployments"}, False),
+        ({"resource": "secrets"}, {"resource": "configmaps"}, False),
+    ],
+)  # fmt: skip
+def test_storage_state_resource_is_immutable_with_the_defaults_applied(
+    old: dict[str, str], new: dict[str, str], ok: bool
+) -> None:
+    rules = STATE["properties"]["spec"]["properties"]["resource"]["x-kubernetes-validations"]
+    assert [r["rule"] for r in rules] == [STATE_RESOURCE_RULE]
+    # Through the spec.resource schema alone: the root's name rule is another matter.
+    schema = STATE["properties"]["spec"]
+    got = [str(e) for e in cel.validate({"resource": new}, schema, {"resource": old})]
+    assert got == ([] if ok else [STATE_IMMUTABLE.replace("spec.resource:", "resource:", 1)])
+
+
+def test_the_immutability_rule_compiles_and_runs_only_on_update() -> None:
+    """A CRD carrying it is accepted (kubesim refuses a rule that does not compile, as the real
+    server does); on create, and where no old value exists, a transition rule does not run."""
+    for name in ("storageversionmigrations", "storagestates"):
+        crds.validate_crd(crd(name))
+    for rule in (SVM_RESOURCE_RULE, STATE_RESOURCE_RULE):
+        cel.compile_rule(rule)
+    assert cel.validate(svm(spec={"resource": {"resource": "secrets"}}), SVM) == []
+    # The rule's own runtime error, were oldSelf to lack the required field: no silent pass.
+    got = [str(e) for e in cel.validate({"resource": {"resource": "s"}}, SVM["properties"]["spec"], {"resource": {}})]
+    assert got == [
+        'resource: Invalid value: "object": no such key: resource evaluating rule: spec.resource is immutable; '
         "create another StorageVersionMigration to migrate another resource"
     ]
-    assert errors[0].type == "FieldValueInvalid"
+
+
+def test_self_equals_old_self_on_the_root_sees_only_name_and_generate_name() -> None:
+    """The `self == oldSelf` shortcut sees the root as CEL does: metadata reduced to name and
+    generateName, so a changed label or resourceVersion is not a change."""
+    schema = {"type": "object", "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "frozen"}],
+              "properties": {"metadata": {"type": "object"}, "spec": {"type": "object", "properties": {"a": {"type": "string"}}}}}  # fmt: skip
+    old = {"metadata": {"name": "x", "resourceVersion": "1"}, "spec": {"a": "1"}}
+    relabeled = {"metadata": {"name": "x", "resourceVersion": "2", "labels": {"k": "v"}}, "spec": {"a": "1"}}
+    assert cel.validate(relabeled, schema, old) == []
+    changed = {"metadata": {"name": "x", "resourceVersion": "2"}, "spec": {"a": "2"}}
+    assert [str(e) for e in cel.validate(changed, schema, old)] == ['<nil>: Invalid value: "object": frozen']
 
 
 @pytest.mark.parametrize(

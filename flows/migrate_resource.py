@@ -14,6 +14,12 @@ marked Succeeded if the object's resourceVersion moved during the pass: it
 makes a new pass from the beginning instead. Every verdict is
 `decide_agreement`'s; this module only asks at the right moments.
 
+A request that names an encryption key (a rotation's) is guarded the same way by
+the API servers' encryption configurations (issue 19, flows/server_config_gate.py):
+no write until every server reports one configuration hash, checked again
+between chunks and before Succeeded; servers that diverge stop it, one new
+common configuration makes a new pass.
+
     prefect deployment run 'migrate-resource/migrate-resource' -p resource=secrets
     migrate_resource(resource="deployments", group="apps")        # ephemeral, no server
 """
@@ -38,7 +44,8 @@ from pydantic import BaseModel, Field
 
 from flows.events import delivered_events, emit_migration
 from flows.run_logs import our_logs_in_the_run
-from storage_migrator.agreement import StorageVersionObservation, decide_agreement
+from flows.server_config_gate import GateOutcome, check_configs, wait_for_one_config
+from storage_migrator.agreement import AgreementMoment, AgreementVerdict, StorageVersionObservation, decide_agreement
 from storage_migrator.chunks import MigrationAborted, add_progress
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migrations import MigrationCancelled, failure_summary
@@ -60,6 +67,7 @@ from tasks.migrating import (
     restart_pass,
     start_migration,
 )
+from tasks.server_configs import observe_configs
 from tasks.write_budget import (
     RateLimitInfo,
     batch_for,
@@ -151,6 +159,8 @@ class Passes:
     failures: list[ObjectFailure]
     token: str | None
     passes: int = 1
+    #: Issue 19: the encryption configuration hash the pass began under (runs that name a key).
+    config_hash: str | None = None
 
 
 def _forget_task_results(*finished: PrefectFuture[Any]) -> None:
@@ -170,6 +180,11 @@ def _forget_task_results(*finished: PrefectFuture[Any]) -> None:
     if isinstance(cancel_events, dict):
         for future in finished:
             cancel_events.pop(future.task_run_id, None)
+
+
+def _worst(*verdicts: AgreementVerdict) -> AgreementVerdict:
+    """Abort over a new pass over going on: each check can only make the run more careful."""
+    return max(verdicts, key=lambda v: ("go", "rerun", "abort").index(v.action))
 
 
 def _migrate_passes(
@@ -199,6 +214,7 @@ def _migrate_passes(
         saved = checkpoint.submit(settings, handle, token=chunk.token_out, progress=run.progress,
                                   failures=run.failures)  # fmt: skip
         asked = check_agreement.submit(settings, handle)
+        heard = observe_configs.submit(settings) if handle.encryption_key else None
         if time.monotonic() - shown >= ARTIFACT_SECONDS:
             update_progress_artifact(artifact_id=artifact, progress=_percent(run.progress))
             shown = time.monotonic()
@@ -206,14 +222,21 @@ def _migrate_passes(
         rec.chunk(chunk, duration_seconds=time.monotonic() - began, progress=run.progress)
         run.token = chunk.token_out
         now = asked.result()
-        _forget_task_results(saved, asked)
-        verdict = decide_agreement(resource=handle.group_resource, moment="end" if run.token is None else "chunk",
-                                   baseline=baseline, now=now, passes=run.passes)  # fmt: skip
+        moment: AgreementMoment = "end" if run.token is None else "chunk"
+        verdict = decide_agreement(resource=handle.group_resource, moment=moment, baseline=baseline, now=now,
+                                   passes=run.passes)  # fmt: skip
+        configs = heard.result() if heard is not None else None
+        if configs is not None:
+            verdict = _worst(verdict, check_configs(configs, moment=moment, baseline=run.config_hash,
+                                                    passes=run.passes, override=handle.skip_server_check))  # fmt: skip
+        _forget_task_results(saved, asked, *([heard] if heard is not None else []))
         if verdict.action == "abort":
             raise MigrationAborted(verdict.reason, verdict.message)
         if verdict.action == "rerun":
             get_run_logger().warning("%s", verdict.message)
-            restart_pass(settings, handle, reason=verdict.reason, message=verdict.message)
+            if configs is not None and configs.common_hash is not None:
+                run.config_hash = rec.encryption_config_hash = configs.common_hash
+            restart_pass(settings, handle, reason=verdict.reason, message=verdict.message, config_hash=run.config_hash)
             run.progress, run.failures, run.token = MigrationProgress(), [], None
             run.passes, baseline = run.passes + 1, now
             rejoin_writer(budget)  # released after the last chunk of the pass before
@@ -285,6 +308,17 @@ def _migrate(
             rec.writer.flush(settings.ledger_flush_seconds)
 
 
+def _gate(settings: Settings, handle: MigrationHandle, rec: RunRecorder) -> GateOutcome | None:
+    """Issue 19: a request that names a key waits until every API server runs one configuration."""
+    if not handle.encryption_key:
+        return None
+    gate = wait_for_one_config(settings, what=f"{handle.name} (key {handle.encryption_key})", key=handle.name,
+                               override=handle.skip_server_check)  # fmt: skip
+    rec.encryption_config_hash = gate.configs.common_hash
+    rec.server_check = "overridden" if gate.overridden else "agreed"
+    return gate
+
+
 def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
          explicit_rate: bool) -> MigrationSummary | State[Any]:  # fmt: skip
     """Seed 002's worker for one request: check agreement, start, the chunks, the verdict."""
@@ -301,12 +335,16 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     # has no field to carry the first start's resourceVersion).
     baseline = check_agreement(settings, handle)
     verdict = decide_agreement(resource=handle.group_resource, moment="start", baseline=None, now=baseline)
+    gate = _gate(settings, handle, rec) if verdict.action == "go" else None
+    if gate is not None:
+        verdict = gate.verdict
     if verdict.action == "abort":
         logger.warning("%s: %s", handle.name, verdict.message)
         rec.started(resumed=False)
         return _fail(settings, handle, rec, MigrationProgress(), reason=verdict.reason, message=verdict.message)
     try:
-        start = start_migration(settings, handle, flow_run=str(flow_run.id) if flow_run.id else None)
+        start = start_migration(settings, handle, flow_run=str(flow_run.id) if flow_run.id else None,
+                                config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
     except MigrationCancelled as exc:
         rec.started(resumed=False)
         rec.ended("cancelled", MigrationProgress(), reason="Deleted", message=str(exc))
@@ -319,7 +357,8 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip
     artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name),
                                                    description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
-    run = Passes(progress=start.progress, failures=list(start.failures), token=start.token)
+    run = Passes(progress=start.progress, failures=list(start.failures), token=start.token,
+                 config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
     try:
         # One writer's lease for the whole run: its share of the budget (tasks/write_budget.py).
         with writer_lease(budget.model_copy(update={"holder": handle.name})) as held:
@@ -341,7 +380,13 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     message = (f"{progress.listed} objects: {progress.rewritten} rewritten, {progress.unchanged} unchanged, "
                f"{progress.gone} gone, {progress.conflicted} written by others meanwhile")  # fmt: skip
     if run.passes > 1:
-        message += f" (pass {run.passes}: the storage version moved during the earlier ones)"
+        message += (
+            f" (pass {run.passes}: the storage version or encryption configuration moved during the earlier ones)"
+        )
+    if handle.encryption_key:
+        message += (f"; key {handle.encryption_key}, every API server running encryption configuration "
+                    f"{run.config_hash}" if rec.server_check == "agreed" else
+                    f"; key {handle.encryption_key}, the API servers' check OVERRIDDEN")  # fmt: skip
     finish_migration(settings, handle, succeeded=True, reason="Completed", message=message)
     rec.ended("succeeded", progress, reason="Completed", message=message, passes=run.passes)
     _outcome_table(handle, progress, "Succeeded")

@@ -19,6 +19,14 @@ The run ends Completed only when every resource succeeded and its verification
 pass rewrote nothing; otherwise Failed, naming resources and objects, and
 saying not to remove the old key yet.
 
+Issue 19: nothing is created or written until every live API server reports the
+same encryption configuration on /metrics (flows/server_config_gate.py; a
+server without the metric is unknown, never agreeing); each migration checks
+again between its chunks; and the verdict holds only if each verification pass
+ran under the configuration every server runs at the verdict, which it names.
+`skip_server_check=True` is the operator's explicit override: a warning in the
+log, `overridden` in the ledger, and the verdict says so.
+
     prefect deployment run 'rotate-encryption-key/rotate-encryption-key' -p key=key2
     rotate_encryption_key(key="key2", resources=["secrets", "routes.route.openshift.io"])
 """
@@ -36,13 +44,16 @@ from prefect.states import Failed
 from pydantic import BaseModel, Field
 
 from flows.run_migrations import dispatch_requests, run_overrides
+from flows.server_config_gate import show_configs, wait_for_one_config
 from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
 from storage_migrator.rotation import (
     ENCRYPTION_KEY_ANNOTATION,
     REQUESTED_BY_LABEL,
     ROTATION_REQUESTER,
+    SKIP_SERVER_CHECK_ANNOTATION,
     RequestStep,
     ResourceRotation,
+    ServerCheckResult,
     check_key_name,
     plan_requests,
     rotation_verdict,
@@ -52,6 +63,7 @@ from storage_migrator.rotation import (
 from storage_migrator.settings import Settings
 from storage_migrator.targets import MigrationTarget
 from tasks.dispatching import create_named_requests, read_migrations, resolve_targets
+from tasks.server_configs import observe_configs
 
 DEFAULT_RESOURCES: Final = ("secrets", "configmaps")
 
@@ -65,12 +77,15 @@ class RotationSummary(BaseModel):
 
 
 def _run_steps(settings: Settings, overrides: dict[str, Any], steps: list[RequestStep],
-               targets: dict[str, MigrationTarget], key: str) -> None:  # fmt: skip
+               targets: dict[str, MigrationTarget], key: str, *, skip_server_check: bool) -> None:  # fmt: skip
     """Create the missing requests, then run every one not yet finished (resources in parallel)."""
     missing = [(s.name, targets[s.resource]) for s in steps if s.action == "create"]
     if missing:
+        annotations = {ENCRYPTION_KEY_ANNOTATION: key}
+        if skip_server_check:
+            annotations[SKIP_SERVER_CHECK_ANNOTATION] = "true"
         create_named_requests(settings, missing, labels={REQUESTED_BY_LABEL: ROTATION_REQUESTER},
-                              annotations={ENCRYPTION_KEY_ANNOTATION: key})  # fmt: skip
+                              annotations=annotations)  # fmt: skip
     to_run = {s.name for s in steps if s.action in ("create", "run")}
     if to_run:
         dispatch_requests(settings, overrides, deployed=deployment.id is not None, only=to_run)
@@ -80,7 +95,8 @@ def _table(resources: list[ResourceRotation]) -> list[dict[str, Any]]:
     return [
         {"resource": r.resource, "request": r.migration, "phase": r.phase, "listed": r.listed,
          "rewritten": r.rewritten, "unchanged": r.unchanged, "failed": r.failed,
-         "verify": r.verify_phase, "verify rewritten": r.verify_rewritten, "verified": r.verified,
+         "verify": r.verify_phase, "verify rewritten": r.verify_rewritten,
+         "verify config": r.verify_config_hash or "-", "verified": r.verified,
          "note": r.note}
         for r in resources
     ]  # fmt: skip
@@ -97,15 +113,20 @@ def rotate_encryption_key(
     write_concurrency: int | None = None,
     kubeconfig: str | None = None,
     context: str | None = None,
+    server_config_timeout: float | None = None,
+    skip_server_check: bool = False,
 ) -> RotationSummary | State[Any]:
     """Migrate `resources` (default secrets and configmaps; `deployments.apps` form for
     others) to the write key `key` (its name as in the EncryptionConfiguration, recorded
-    in the requests) and verify. Make `key` the write key on every API server first."""
+    in the requests) and verify. Make `key` the write key on every API server first: the
+    run waits up to `server_config_timeout` seconds for every server to report one
+    configuration. `skip_server_check` goes on without that: the operator's risk."""
     logger = get_run_logger()
     check_key_name(key)  # a key that cannot be in a name: nothing created
     overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                               write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
-    settings = Settings.with_overrides(max_parallel_migrations=max_parallel, **overrides)
+    settings = Settings.with_overrides(max_parallel_migrations=max_parallel,
+                                       server_config_timeout_seconds=server_config_timeout, **overrides)  # fmt: skip
     wanted = list(DEFAULT_RESOURCES if resources is None else resources)
     targets: dict[str, MigrationTarget] = {}
     for target in resolve_targets(settings, wanted):  # UnknownResource fails the run, nothing created
@@ -119,25 +140,36 @@ def rotate_encryption_key(
         logger.error("%s", message)
         return Failed(message=f"rotation to key {key} stopped before anything ran: {message}. "
                               "Do not remove the old key yet.")  # fmt: skip
+    gate = wait_for_one_config(settings, what=f"rotation to key {key}", key=f"rotate-{key}",
+                               override=skip_server_check)  # fmt: skip
+    if gate.verdict.action == "abort":
+        return Failed(message=f"rotation to key {key} not started: {gate.verdict.message} Not proven: keep the "
+                              "old key.")  # fmt: skip
     for step in steps:
         logger.info("%s: %s (%s)", step.name, step.action, step.reason)
-    _run_steps(settings, overrides, steps, targets, key)
+    _run_steps(settings, overrides, steps, targets, key, skip_server_check=skip_server_check)
 
     # The proof (DESIGN 4.5): a second pass over each resource that succeeded must rewrite nothing.
     existing = {m.metadata.name: m for m in read_migrations(settings)}
     done = [c for c, s in zip(coords, steps, strict=True)
             if s.name in existing and is_condition_true(existing[s.name].status.conditions, CONDITION_SUCCEEDED)]  # fmt: skip
     checks = plan_requests(done, list(existing.values()), key=key, verify=True)
-    _run_steps(settings, overrides, [c for c in checks if c.action != "blocked"], targets, key)
+    _run_steps(settings, overrides, [c for c in checks if c.action != "blocked"], targets, key,
+               skip_server_check=skip_server_check)  # fmt: skip
     notes = {c.name: c.reason for c in checks if c.action == "blocked"}
 
+    # Issue 19: before the verdict, what every server runs now; each proof must have run under it.
+    configs = observe_configs(settings)
+    servers = ServerCheckResult(config_hash=configs.common_hash, overridden=skip_server_check,
+                                why=f"the API servers do not all run one configuration now ({configs.describe()})")  # fmt: skip
+    show_configs(configs, key=f"rotate-{key}", description=f"rotation to key {key}: the API servers at the verdict")
     existing = {m.metadata.name: m for m in read_migrations(settings)}
     results = [
         summarize_resource(s.resource, s.name, existing.get(s.name), existing.get(verify_name(s.name)),
-                           blocked=notes.get(verify_name(s.name), ""))
+                           blocked=notes.get(verify_name(s.name), ""), servers=servers)
         for s in steps
     ]  # fmt: skip
-    verdict = rotation_verdict(results, key=key)
+    verdict = rotation_verdict(results, key=key, servers=servers)
     create_table_artifact(table=_table(results), key=re.sub(r"[^a-z0-9-]+", "-", f"rotate-encryption-key-{key}"),
                           description=verdict.message)  # fmt: skip
     if not verdict.completed:

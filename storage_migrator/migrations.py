@@ -172,7 +172,9 @@ class MigrationRecord:
         current = self.refresh()
         return current.spec.continue_token or None, current.status.progress or MigrationProgress()
 
-    def start(self, *, now: datetime, target_hash: str | None, message: str) -> None:
+    def start(self, *, now: datetime, target_hash: str | None, message: str, config_hash: str | None = None) -> None:
+        """Running; ``config_hash`` (issue 19): the configuration the pass runs under (the caller
+        restarts a checkpointed pass that began under another one)."""
         conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
                                    status="True", now=now, reason="Migrating", message=message)  # fmt: skip
         self._status_patch(
@@ -180,6 +182,7 @@ class MigrationRecord:
             started_at=self.migration.status.started_at or now,
             target_storage_version_hash=target_hash or self.migration.status.target_storage_version_hash,
             progress=self.migration.status.progress or MigrationProgress(),
+            encryption_config_hash=config_hash or self.migration.status.encryption_config_hash,
         )
 
     def save(
@@ -194,14 +197,16 @@ class MigrationRecord:
         )  # fmt: skip
         self._status_patch(conditions, progress=progress, failures=failures)
 
-    def restart_pass(self, *, now: datetime, reason: str, message: str) -> None:
+    def restart_pass(self, *, now: datetime, reason: str, message: str, config_hash: str | None = None) -> None:
         """Reset the checkpoint for a new pass from the beginning (seed 001: the storage
-        version moved while the migration ran): token and counters cleared, failures
-        too (the new pass tries every object again), and the Running condition says why."""
+        version moved while the migration ran; issue 19: the encryption configuration
+        did): token and counters cleared, failures too (the new pass tries every object
+        again), the configuration the new pass begins under, and the Running condition says why."""
         self._patch({"spec": {"continueToken": ""}}, status=False)
         conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
                                    status="True", now=now, reason=reason, message=message)  # fmt: skip
-        self._status_patch(conditions, progress=MigrationProgress(), failures=[])
+        extra = {"encryption_config_hash": config_hash} if config_hash else {}
+        self._status_patch(conditions, progress=MigrationProgress(), failures=[], **extra)
 
     def finish(self, *, succeeded: bool, now: datetime, reason: str, message: str) -> None:
         conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,

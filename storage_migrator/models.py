@@ -262,6 +262,14 @@ class StorageVersionMigrationStatus(WireModel):
             "version objects are being migrated to."
         ),
     )
+    encryption_config_hash: str | None = Field(
+        default=None,
+        description=(
+            "For a request that names an encryption key: the encryption configuration hash every API "
+            "server reported on /metrics when the current pass began (issue 19). The proof of a rotation "
+            "holds under this configuration only."
+        ),
+    )
     progress: MigrationProgress | None = Field(default=None, description="Counters of objects handled so far.")
     started_at: KubeTime | None = Field(default=None, description="When the migration (first) started running.")
     finished_at: KubeTime | None = Field(default=None, description="When the migration succeeded or failed.")

@@ -1,4 +1,4 @@
-"""The ClusterRole a migrator needs for exactly the resources it migrates.
+"""The ClusterRole (and kube-system Role) a migrator needs for exactly the resources it migrates.
 
 Design decision (issue 14 item 3): the shipped role (deployments/rbac/) grants
 ``list``, ``patch`` and ``update`` on every resource of every group, which is
@@ -13,7 +13,9 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
   read a Secret except through the LIST it must make;
 - one rule per API group and verb set, resources sorted;
 - then ``FIXED_RULES``, what the migrator needs whatever it migrates: its own
-  API, CRDs, APIServices, StorageVersions, EndpointSlices and discovery. They
+  API, CRDs, APIServices, StorageVersions, EndpointSlices, discovery and
+  ``/metrics`` (each API server's encryption configuration, issue 19); and a
+  Role in ``kube-system`` to list the API servers' identity Leases. They
   are the shipped file's rules but for the ``*`` one; a unit test
   (tests/unit/test_rbac.py) keeps the two equal, reading the file.
 """
@@ -36,6 +38,8 @@ __all__ = [
     "DEFAULT_SERVICE_ACCOUNT",
     "EVERYTHING",
     "FIXED_RULES",
+    "IDENTITY_LEASE_NAMESPACE",
+    "IDENTITY_LEASE_RULES",
     "PolicyRule",
     "RoleManifest",
     "UnknownResource",
@@ -89,8 +93,15 @@ FIXED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule(["apiregistration.k8s.io"], ["apiservices"], ["list"]),
     _rule(["internal.apiserver.k8s.io"], ["storageversions"], ["get", "list"]),
     _rule(["discovery.k8s.io"], ["endpointslices"], ["list"]),
-    PolicyRule(non_resource_urls=("/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz"), verbs=("get",)),
+    PolicyRule(non_resource_urls=("/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz", "/metrics"),
+               verbs=("get",)),
 )  # fmt: skip
+
+#: Issue 19: the API servers' identity Leases (which servers exist) are read in kube-system only,
+#: so the narrow role grants them through a Role there, not cluster-wide. (The shipped role's ``*``
+#: rule already lists leases everywhere.)
+IDENTITY_LEASE_RULES: Final[tuple[PolicyRule, ...]] = (_rule(["coordination.k8s.io"], ["leases"], ["list"]),)
+IDENTITY_LEASE_NAMESPACE: Final = "kube-system"
 
 
 def shipped_rules() -> list[PolicyRule]:
@@ -186,8 +197,15 @@ def build_role(
     binding = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRoleBinding", "metadata": {"name": name},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}  # fmt: skip
+    lease_meta = {"name": f"{name}-apiserver-identity", "namespace": IDENTITY_LEASE_NAMESPACE}
+    leases = {"apiVersion": RBAC_API_VERSION, "kind": "Role", "metadata": lease_meta,
+              "rules": [r.to_wire() for r in IDENTITY_LEASE_RULES]}  # fmt: skip
+    leases_binding = {"apiVersion": RBAC_API_VERSION, "kind": "RoleBinding", "metadata": dict(lease_meta),
+                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": f"{name}-apiserver-identity"},
+                      "subjects": binding["subjects"]}  # fmt: skip
     return RoleManifest(
-        manifest={"apiVersion": "v1", "kind": "List", "items": [role, binding]},
+        manifest={"apiVersion": "v1", "kind": "List", "items": [role, binding, leases, leases_binding]},
         resources=sorted({storage_state_name(g, r) for g, r, _ in targets}),
         left_out=left_out,
     )

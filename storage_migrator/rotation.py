@@ -35,15 +35,18 @@ __all__ = [
     "ENCRYPTION_KEY_ANNOTATION",
     "REQUESTED_BY_LABEL",
     "ROTATION_REQUESTER",
+    "SKIP_SERVER_CHECK_ANNOTATION",
     "VERIFY_SUFFIX",
     "InvalidKeyName",
     "RequestStep",
     "ResourceRotation",
     "RotationVerdict",
+    "ServerCheckResult",
     "check_key_name",
     "plan_requests",
     "request_name",
     "rotation_verdict",
+    "skips_server_check",
     "summarize_resource",
     "verify_name",
 ]
@@ -53,6 +56,15 @@ ROTATION_REQUESTER: Final = "rotate-encryption-key"
 #: The write key a request was made for (OpenShift annotates its requests with it too).
 ENCRYPTION_KEY_ANNOTATION: Final = "migration.k8s.io/encryption-key"
 VERIFY_SUFFIX: Final = "-verify"
+#: Issue 19: "true" on a request lets its run write although the API servers do not all report one
+#: encryption configuration. The operator accepts the risk; the run warns and the ledger records it.
+SKIP_SERVER_CHECK_ANNOTATION: Final = "migration.k8s.io/skip-server-check"
+
+
+def skips_server_check(annotations: dict[str, str] | None) -> bool:
+    """Whether a request carries the override (only the exact value "true": never by accident)."""
+    return (annotations or {}).get(SKIP_SERVER_CHECK_ANNOTATION) == "true"
+
 
 #: A DNS-1123 subdomain (metadata.name of a StorageVersionMigration).
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -171,7 +183,14 @@ class ResourceRotation(BaseModel):
     verify_phase: str = "Missing"
     verify_rewritten: int | None = Field(default=None, description="Objects the verification pass rewrote: must be 0.")
     verify_failed: int = 0
-    verified: bool = Field(default=False, description="Succeeded, and a verification pass rewrote nothing.")
+    verify_config_hash: str | None = Field(
+        default=None, description="The encryption configuration every API server ran during the verification pass."
+    )
+    verified: bool = Field(
+        default=False,
+        description=("Succeeded, and a verification pass rewrote nothing under the configuration every API server "
+                     "runs now (issue 19)."),
+    )  # fmt: skip
     note: str = Field(default="", description="Why it is not verified, for a person.")
 
 
@@ -186,8 +205,12 @@ def summarize_resource(
     verification: StorageVersionMigration | None,
     *,
     blocked: str = "",
+    servers: ServerCheckResult | None = None,
 ) -> ResourceRotation:
-    """The outcome of one resource from its two requests as they are now."""
+    """The outcome of one resource from its two requests as they are now.
+
+    Issue 19: a verification pass proves something only under the configuration it ran under,
+    and only if that is what every API server runs now (``servers``; None: no check was made)."""
     out = ResourceRotation(resource=resource, migration=name, phase="Missing", verify_migration=verify_name(name))
     if request is not None:
         progress = request.status.progress
@@ -202,12 +225,38 @@ def summarize_resource(
         if vp is not None:
             out.verify_rewritten, out.verify_failed = vp.rewritten, vp.failed
         out.failed_objects += [o for o in _failed_objects(verification) if o not in out.failed_objects]
+        out.verify_config_hash = verification.status.encryption_config_hash
     out.verified = (
         out.phase == "Succeeded" and out.verify_phase == "Succeeded"
         and out.verify_rewritten == 0 and out.verify_failed == 0
     )  # fmt: skip
     out.note = "" if out.verified else (blocked or _why_not(out))
+    servers_note = _servers_note(out, servers) if out.verified and servers is not None else ""
+    if servers_note:
+        out.verified, out.note = False, servers_note
     return out
+
+
+class ServerCheckResult(BaseModel):
+    """What the API servers run at the verdict (issue 19): one common hash, or why there is none."""
+
+    model_config = ConfigDict(frozen=True)
+
+    config_hash: str | None = Field(description="The hash every live API server reports; None: no one hash.")
+    overridden: bool = Field(default=False, description="The operator accepted the risk (skip_server_check).")
+    why: str = Field(default="", description="Why there is no one hash: servers differ, unknown, or unheard.")
+
+
+def _servers_note(r: ResourceRotation, servers: ServerCheckResult) -> str:
+    if servers.overridden:
+        return ""
+    if servers.config_hash is None:
+        return f"{servers.why}: the verification pass proves nothing until every API server runs one configuration"
+    if r.verify_config_hash != servers.config_hash:
+        return (f"the verification pass {r.verify_migration} ran under encryption configuration "
+                f"{r.verify_config_hash or 'unknown'}, the API servers run {servers.config_hash} now: delete "
+                f"{r.verify_migration} and run the rotation again")  # fmt: skip
+    return ""
 
 
 def _why_not(r: ResourceRotation) -> str:
@@ -234,15 +283,27 @@ class RotationVerdict(BaseModel):
     message: str
 
 
-def rotation_verdict(resources: Sequence[ResourceRotation], *, key: str) -> RotationVerdict:
-    """Completed only when every resource succeeded and its verification pass rewrote nothing."""
+def _under(servers: ServerCheckResult | None) -> str:
+    if servers is None:
+        return ""
+    if servers.overridden:
+        return (" The API servers' check was OVERRIDDEN by the operator (skip_server_check): an object written "
+                "through a server with another write key is not covered by this proof.")  # fmt: skip
+    return f" Proven under encryption configuration {servers.config_hash}, which every API server runs."
+
+
+def rotation_verdict(
+    resources: Sequence[ResourceRotation], *, key: str, servers: ServerCheckResult | None = None
+) -> RotationVerdict:
+    """Completed only when every resource succeeded and its verification pass rewrote nothing
+    (under the configuration every API server runs, issue 19); the message names it."""
     if resources and all(r.verified for r in resources):
         listed = sum(r.listed for r in resources)
         return RotationVerdict(
             completed=True,
             message=(f"every object of {', '.join(r.resource for r in resources)} is stored under key {key} "
                      f"(verified: a second pass rewrote nothing; {listed} objects listed); the old key may "
-                     "be removed from the read keys"),
+                     f"be removed from the read keys.{_under(servers)}"),
         )  # fmt: skip
     parts = []
     for r in resources:

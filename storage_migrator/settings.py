@@ -187,6 +187,20 @@ class Settings(BaseSettings):
             "Service, and one server when they list one address."
         ),
     )
+    server_config_timeout_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description=(
+            "How long a run that names an encryption key waits, before its first write, for every "
+            "API server to report the same encryption configuration on /metrics (issue 19); past it "
+            "the run fails and nothing is written. Default 600: a rolling restart of the servers."
+        ),
+    )
+    server_config_poll_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between two looks at the API servers' configurations while waiting. Default 5.",
+    )
     database_url: str = Field(
         default="sqlite:///storage-migrator.db",
         description=(

@@ -41,6 +41,7 @@ from storage_migrator.models import (
     is_condition_true,
     new_storage_version_migration,
 )
+from storage_migrator.rotation import skips_server_check
 from storage_migrator.settings import Settings
 from storage_migrator.targets import UnknownResource, resolve_target
 from tasks.common import PRIVATE, REQUEST_RETRIES, api_client, connected
@@ -62,6 +63,9 @@ class MigrationHandle(BaseModel):
     finished: str | None = Field(default=None, description="Succeeded/Failed when there is nothing left to do.")
     requested_by: str = Field(default="manual", description="Who asked, for the ledger (label requested-by).")
     encryption_key: str | None = Field(default=None, description="The write key a rotation request names.")
+    skip_server_check: bool = Field(
+        default=False, description="Issue 19: the request's override of the API servers' configuration check."
+    )
 
     @property
     def ref(self) -> ResourceRef:
@@ -115,7 +119,8 @@ def resolve_migration(
             base = MigrationHandle(name=migration, uid=existing.metadata.uid or "", group=spec.group,
                                    version=spec.version, resource=spec.resource,
                                    requested_by=requested_by(existing.metadata.labels),
-                                   encryption_key=encryption_key_of(existing.metadata.annotations))  # fmt: skip
+                                   encryption_key=encryption_key_of(existing.metadata.annotations),
+                                   skip_server_check=skips_server_check(existing.metadata.annotations))  # fmt: skip
             conditions = existing.status.conditions
             for done in (CONDITION_SUCCEEDED, CONDITION_FAILED):
                 if is_condition_true(conditions, done):
@@ -148,14 +153,26 @@ def resolve_migration(
 
 
 @task(name="start-migration", **REQUEST_RETRIES, **PRIVATE)
-def start_migration(settings: Settings, handle: MigrationHandle, *, flow_run: str | None) -> Checkpointed:
-    """Mark the request Running and read where it stands (a resumed run continues)."""
+def start_migration(
+    settings: Settings, handle: MigrationHandle, *, flow_run: str | None, config_hash: str | None = None
+) -> Checkpointed:
+    """Mark the request Running and read where it stands (a resumed run continues).
+
+    Issue 19: ``config_hash`` is the encryption configuration every API server runs now. A
+    checkpoint taken under another one (or under none recorded) is worth nothing as a proof: the
+    pass starts again from the beginning."""
     with connected(settings) as api:
         record = _record(api, handle)
         token, progress = record.load()
+        stored = record.migration.status.encryption_config_hash
+        if token and config_hash and stored != config_hash:
+            record.restart_pass(now=_now(), reason="EncryptionConfigurationChanged", config_hash=config_hash,
+                                message=f"the checkpoint was taken under encryption configuration {stored or 'unknown'}, "
+                                        f"the API servers run {config_hash}: migrating again from the beginning")  # fmt: skip
+            token, progress = record.load()
         resumed = "resuming from its checkpoint" if token else "from the beginning"
         who = f" by flow run {flow_run}" if flow_run else ""
-        record.start(now=_now(), target_hash=handle.target_hash or None,
+        record.start(now=_now(), target_hash=handle.target_hash or None, config_hash=config_hash,
                      message=f"migrating {handle.ref} {resumed}{who}")  # fmt: skip
         return Checkpointed(token=token, progress=progress, failures=list(record.migration.status.failures))
 
@@ -241,10 +258,12 @@ def check_agreement(settings: Settings, handle: MigrationHandle) -> StorageVersi
 
 
 @task(name="restart-pass", **REQUEST_RETRIES, **PRIVATE)
-def restart_pass(settings: Settings, handle: MigrationHandle, *, reason: str, message: str) -> None:
+def restart_pass(
+    settings: Settings, handle: MigrationHandle, *, reason: str, message: str, config_hash: str | None = None
+) -> None:
     """Reset the checkpoint for a new pass from the beginning; `MigrationCancelled` if the request is gone."""
     with connected(settings) as api:
-        _record(api, handle).restart_pass(now=_now(), reason=reason, message=message)
+        _record(api, handle).restart_pass(now=_now(), reason=reason, message=message, config_hash=config_hash)
 
 
 @task(name="finish-migration", **REQUEST_RETRIES, **PRIVATE)

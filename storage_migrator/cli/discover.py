@@ -3,6 +3,8 @@
 Seed 000: detection polls the storageVersionHash of every persisted resource;
 DESIGN 4.4: which source says what each API server encodes (the StorageVersion
 API, one discovery poll per server, or one document), with each server's hash.
+Issue 19: the encryption configuration each live API server reports on
+/metrics, the table a key rotation waits on.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from typing import Annotated
 
 import typer
 
-from storage_migrator.apiservers import Agreement, observe_agreement
+from storage_migrator.apiservers import Agreement, observe_agreement, observe_server_configs
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.kube.discovery import Discovery, discover, pick_preferred
+from storage_migrator.kube.errors import KubeError
+from storage_migrator.server_configs import ServerConfigs
 
 __all__ = ["command"]
 
@@ -43,6 +47,16 @@ def _table(found: Discovery, agreement: Agreement, *, show_all: bool) -> str:
     return heading + "\n" + render_table([*HEADERS, *servers], rows)
 
 
+def _configs_table(configs: ServerConfigs | None, error: str | None) -> str:
+    if configs is None:
+        return f"encryption configuration per API server: not known ({error})"
+    common = configs.common_hash
+    verdict = f"every API server runs {common}" if common else "NOT one configuration: a key rotation would wait"
+    rows = [[r["server"], r["config hash"], r["heard"], r["via"]] for r in configs.rows()]
+    return (f"encryption configuration per API server (/metrics): {verdict}\n"
+            + render_table(["API SERVER", "CONFIG HASH", "HEARD", "VIA"], rows))  # fmt: skip
+
+
 def command(
     ctx: typer.Context,
     show_all: Annotated[bool, typer.Option("--all", help="every version and sub-resource, not just preferred")] = False,
@@ -56,8 +70,18 @@ def command(
     with kube_api(settings) as api:
         found = discover(api, timeout=settings.request_timeout_seconds)
         agreement = observe_agreement(api, settings, found.resources)
-    data = {**found.model_dump(mode="json"), "agreement": agreement.model_dump(mode="json")}
-    emit(output, data, lambda: _table(found, agreement, show_all=show_all))
+        configs, error = None, None
+        try:
+            configs = observe_server_configs(api, settings)
+        except KubeError as exc:  # e.g. no `list` on leases in kube-system: said, not hidden
+            error = str(exc)
+    data = {**found.model_dump(mode="json"), "agreement": agreement.model_dump(mode="json"),
+            "encryptionConfigs": configs.model_dump(mode="json") if configs else {"error": error}}  # fmt: skip
+    emit(output, data,
+         lambda: _table(found, agreement, show_all=show_all) + "\n\n" + _configs_table(configs, error))  # fmt: skip
+    if configs is not None:
+        for address, why in configs.unheard.items():
+            print(f"warning: /metrics of {address} not read: {why}", file=sys.stderr)
     for server, why in agreement.unheard.items():
         print(f"warning: API server {server} not heard: {why}", file=sys.stderr)
     for failure in found.failed:

@@ -30,11 +30,13 @@ def _service_account(text: str) -> tuple[str, str]:
     return namespace, name
 
 
-def _table(role: dict[str, Any]) -> str:
-    rows = [[",".join(g or '""' for g in r.get("apiGroups", [])) or "-",
+def _table(items: list[dict[str, Any]]) -> str:
+    """Every rule of the ClusterRole and of the Roles, with where it applies."""
+    rows = [[item["kind"] if item["kind"] == "ClusterRole" else f"Role in {item['metadata']['namespace']}",
+             ",".join(g or '""' for g in r.get("apiGroups", [])) or "-",
              ",".join(r.get("resources", [])) or "-", ",".join(r.get("nonResourceURLs", [])) or "-",
-             ",".join(r["verbs"])] for r in role["rules"]]  # fmt: skip
-    return render_table(["API GROUPS", "RESOURCES", "NON-RESOURCE URLS", "VERBS"], rows)
+             ",".join(r["verbs"])] for item in items if item["kind"] in ("ClusterRole", "Role") for r in item["rules"]]  # fmt: skip
+    return render_table(["GRANTED BY", "API GROUPS", "RESOURCES", "NON-RESOURCE URLS", "VERBS"], rows)
 
 
 def command(
@@ -58,7 +60,9 @@ def command(
 ) -> None:
     """Print a ClusterRole (and its binding) for exactly the resources to migrate, for kubectl apply -f -.
 
-    list and patch on each resource (update only where it serves no patch, never with --no-put), plus the fixed rules of deployments/rbac/storage-migrator.yaml for the migrator's own API, CRDs, APIServices, StorageVersions, EndpointSlices and discovery. Reads discovery; writes nothing. Exit codes: 0 done; 1 a resource cannot be granted (named on stderr) or the cluster could not be read; 2 a usage error.
+    Also a Role (and binding) in kube-system: list the API servers' identity Leases, which a key rotation needs to know every server (issue 19).
+
+    list and patch on each resource (update only where it serves no patch, never with --no-put), plus the fixed rules of deployments/rbac/storage-migrator.yaml for the migrator's own API, CRDs, APIServices, StorageVersions, EndpointSlices, discovery and /metrics. Reads discovery; writes nothing. Exit codes: 0 done; 1 a resource cannot be granted (named on stderr) or the cluster could not be read; 2 a usage error.
     """
     settings = settings_of(ctx)
     account = _service_account(service_account)
@@ -78,4 +82,4 @@ def command(
     if resources:
         print(f"note: the workers must migrate only these: set STORAGE_MIGRATOR_INCLUDE_RESOURCES="
               f"{','.join(built.resources)} (docs/cli.md)", file=sys.stderr)  # fmt: skip
-    emit(output, built.manifest, lambda: _table(built.manifest["items"][0]))
+    emit(output, built.manifest, lambda: _table(built.manifest["items"]))

@@ -72,6 +72,8 @@ class RunHistory(BaseModel):
     failed: int
     chunks: int
     passes: int
+    encryption_config_hash: str | None = None
+    server_check: str | None = Field(default=None, description="agreed or overridden (issue 19); None: no check.")
 
 
 class Gap(BaseModel):
@@ -146,7 +148,9 @@ def _merge(start: RunRow | None, end: RunOutcomeRow | None, ui_url: str | None) 
         started_at=start.started_at if start else None, finished_at=end.finished_at if end else None,
         duration_seconds=duration, outcome=end.outcome if end else "running",
         reason=end.reason if end else "", message=end.message if end else "",
-        chunks=end.chunks if end else 0, passes=end.passes if end else 1, **counters,
+        chunks=end.chunks if end else 0, passes=end.passes if end else 1,
+        encryption_config_hash=end.encryption_config_hash if end else None,
+        server_check=end.server_check if end else None, **counters,
     )  # fmt: skip
 
 

@@ -14,7 +14,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from storage_migrator.chunks import ChunkResult
-from storage_migrator.ledger.records import ChunkRecord, LedgerRecord, Outcome, RunFinished, RunStarted
+from storage_migrator.ledger.records import (
+    ChunkRecord,
+    LedgerRecord,
+    Outcome,
+    RunFinished,
+    RunStarted,
+    ServerCheck,
+)
 from storage_migrator.ledger.writer import LedgerWriter, WriterOptions, writer_for
 from storage_migrator.models import MigrationProgress
 from storage_migrator.rotation import ENCRYPTION_KEY_ANNOTATION, REQUESTED_BY_LABEL, ROTATION_REQUESTER
@@ -63,6 +70,9 @@ class RunRecorder:
         self.finished = False
         self.announced = False
         self.progress = MigrationProgress()
+        #: Issue 19: set by a run that names a key, once the API servers' check passed (or was overridden).
+        self.encryption_config_hash: str | None = None
+        self.server_check: ServerCheck | None = None
 
     @classmethod
     def begin(
@@ -125,4 +135,5 @@ class RunRecorder:
             message=message[:4000], listed=progress.listed, rewritten=progress.rewritten,
             unchanged=progress.unchanged, gone=progress.gone, conflicted=progress.conflicted,
             failed=progress.failed, chunks=progress.chunks, passes=max(1, passes),
+            encryption_config_hash=self.encryption_config_hash, server_check=self.server_check,
         ))  # fmt: skip

@@ -21,6 +21,8 @@ __all__ = ["ChunkRecord", "LedgerRecord", "Outcome", "PollRecord", "RunFinished"
 
 #: How a run ended: the StorageVersionMigration's verdict, or that the run itself stopped.
 Outcome = Literal["succeeded", "failed", "cancelled", "crashed"]
+#: Issue 19: every API server reported the run's configuration hash, or an operator overrode the check.
+ServerCheck = Literal["agreed", "overridden"]
 
 
 class LedgerRecord(BaseModel):
@@ -80,6 +82,8 @@ class RunFinished(Counted):
     message: str = Field(default="", max_length=4000)
     chunks: int = Field(default=0, ge=0)
     passes: int = Field(default=1, ge=1)
+    encryption_config_hash: str | None = Field(default=None, max_length=71)
+    server_check: ServerCheck | None = None
 
 
 class ChunkRecord(Counted):

@@ -93,6 +93,10 @@ class RunOutcomeRow(Counters, Base):
     message: Mapped[str] = mapped_column(Text, default="")
     chunks: Mapped[int] = mapped_column(Integer, default=0)
     passes: Mapped[int] = mapped_column(Integer, default=1)
+    #: Issue 19 (revision r0002): the configuration hash every API server ran, for a run naming a key.
+    encryption_config_hash: Mapped[str | None] = mapped_column(String(71), default=None)
+    #: ``agreed`` (every server reported that hash) or ``overridden`` (an operator accepted the risk).
+    server_check: Mapped[str | None] = mapped_column(String(16), default=None)
 
 
 class ChunkRow(Counters, Base):

@@ -40,8 +40,10 @@ from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.endpoints import api_server_urls
 from storage_migrator.kube.errors import RBAC_FIX, Forbidden, KubeError
+from storage_migrator.kube.identity_leases import list_identity_leases
 from storage_migrator.kube.listing import iterate_items, list_page
 from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.kube.server_metrics import read_config_samples
 from storage_migrator.kube.storageversions import list_storage_versions, read_storage_version
 from storage_migrator.kube.transport import request
 from storage_migrator.kube.writing import delete_object, patch_object, rewrite_with_patch, rewrite_with_put
@@ -279,6 +281,9 @@ def probes(rc: RbacCluster) -> list[Probe]:
         Probe("list StorageVersions", lambda api: list_storage_versions(api)),
         Probe("read a StorageVersion", lambda api: read_storage_version(api, group="", resource="configmaps")),
         Probe("API servers' EndpointSlices", lambda api: api_server_urls(api)),
+        # Issue 19: which API servers exist, and the encryption configuration each one runs.
+        Probe("API servers' identity Leases", lambda api: list_identity_leases(api)),
+        Probe("/metrics", lambda api: read_config_samples(api, via="probe")),
     ]
 
 
@@ -343,7 +348,7 @@ def test_without_any_one_rule_something_fails_naming_the_permission(rbac_cluster
 ALL_BUT_REWRITES = [
     {"apiGroups": ["migration.k8s.io"], "resources": ["*"], "verbs": ["*"]},
     {"apiGroups": ["internal.apiserver.k8s.io"], "resources": ["storageversions"], "verbs": ["get", "list"]},
-    {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz"], "verbs": ["get"]},
+    {"nonResourceURLs": ["/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz", "/metrics"], "verbs": ["get"]},
 ]
 
 
@@ -413,8 +418,17 @@ def test_the_narrow_role_of_the_rbac_command_is_enough_for_a_key_rotation_and_no
 
     rc = rbac_cluster
     assert main(["--kubeconfig", rc.admin_kubeconfig, "rbac", "--resources", "secrets,configmaps", "-o", "json"]) == 0
-    role = next(i for i in json.loads(capsys.readouterr().out)["items"] if i["kind"] == "ClusterRole")
+    items = json.loads(capsys.readouterr().out)["items"]
+    role = next(i for i in items if i["kind"] == "ClusterRole")
     assert not any("*" in r.get("resources", []) for r in role["rules"]), role["rules"]
+    assert not any("leases" in r.get("resources", []) for r in role["rules"]), "leases: kube-system only"
+    # Issue 19: the identity Leases through a Role in kube-system, applied as printed.
+    rbac = k8s.RbacAuthorizationV1Api(rc.api)
+    lease_role = next(i for i in items if i["kind"] == "Role")
+    lease_binding = next(i for i in items if i["kind"] == "RoleBinding")
+    assert lease_role["metadata"]["namespace"] == "kube-system", lease_role
+    rbac.create_namespaced_role("kube-system", lease_role)
+    rbac.create_namespaced_role_binding("kube-system", lease_binding)
     rc.set_role_rules(role["rules"])
     try:
         # seed 003's order: key3 readable everywhere, then the write key; then the migration.
@@ -427,8 +441,21 @@ def test_the_narrow_role_of_the_rbac_command_is_enough_for_a_key_rotation_and_no
             assert {s.key_name for s in stored(rc, resource).values()} == {"key3"}, resource
         refused = migrate_resource(resource="serviceaccounts", kubeconfig=rc.sa_kubeconfig, return_state=True,
                                    **FAST)  # fmt: skip
+        # Issue 19: without `get` on /metrics the rotation writes nothing and names the permission;
+        # it never falls back to trusting the operator.
+        rc.set_role_rules([{**r, "nonResourceURLs": [u for u in r["nonResourceURLs"] if u != "/metrics"]}
+                           if "nonResourceURLs" in r else r for r in role["rules"]])  # fmt: skip
+        rc.admin.reset_counters()
+        blind = rotate_encryption_key(key="key3", resources=["configmaps"], kubeconfig=rc.sa_kubeconfig,
+                                      server_config_timeout=0, return_state=True, **FAST)  # fmt: skip
+        writes = rc.admin.counters()["requestsByResource"]
     finally:
         rc.set_role_rules(copy.deepcopy(RULES))
+        rbac.delete_namespaced_role_binding(lease_binding["metadata"]["name"], "kube-system")
+        rbac.delete_namespaced_role(lease_role["metadata"]["name"], "kube-system")
+    assert blind.is_failed(), blind.message
+    assert 'cannot get path "/metrics"' in str(blind.message) and "keep the old key" in str(blind.message)
+    assert not any(k.startswith(("patch ", "update ", "create ")) for k in writes), writes
     assert refused.is_failed()
     denied = 'cannot list resource "serviceaccounts" in API group "" at the cluster scope'
     assert denied in str(refused.message) and RBAC_FIX in str(refused.message), refused.message

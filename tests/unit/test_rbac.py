@@ -75,6 +75,12 @@ def test_discovery_is_readable_and_bound_to_the_service_account() -> None:
     ]
 
 
+def test_each_api_servers_metrics_are_readable() -> None:
+    """Issue 19 item 5: "`get` on the `/metrics` non-resource URL" (no default role grants it)."""
+    urls = [r for r in cluster_role()["rules"] if "nonResourceURLs" in r]
+    assert "/metrics" in urls[0]["nonResourceURLs"] and urls[0]["verbs"] == ["get"]
+
+
 def test_agreement_sources_are_readable() -> None:
     """DESIGN 4.4: the StorageVersion API (GET one object between chunks, LIST in a poll)
     and the kubernetes Service's EndpointSlices (the API servers to poll one by one)."""
@@ -106,8 +112,13 @@ DISCOVERED = [
 
 
 def _rules(built: RoleManifest) -> list[dict[str, Any]]:
-    role, binding = built.manifest["items"]
+    role, binding, leases, leases_binding = built.manifest["items"]
     assert (role["kind"], binding["kind"]) == ("ClusterRole", "ClusterRoleBinding")
+    # Issue 19: the API servers' identity Leases, listed in kube-system only, by the same ServiceAccount.
+    assert (leases["kind"], leases["metadata"]["namespace"]) == ("Role", "kube-system")
+    assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}]
+    assert leases_binding["roleRef"]["name"] == leases["metadata"]["name"]
+    assert leases_binding["subjects"] == binding["subjects"]
     fixed = [r.to_wire() for r in FIXED_RULES]
     assert role["rules"][len(role["rules"]) - len(fixed) :] == fixed
     return list(role["rules"][: len(role["rules"]) - len(fixed)])
@@ -128,7 +139,7 @@ def test_a_key_rotation_role_lists_and_patches_secrets_and_configmaps_only() -> 
     built = build_role(DISCOVERED, resources=["secrets", "configmaps"])
     assert _rules(built) == [{"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["list", "patch"]}]
     assert built.resources == ["configmaps", "secrets"]
-    role, binding = built.manifest["items"]
+    role, binding, *_ = built.manifest["items"]
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -163,7 +174,7 @@ def test_without_a_list_every_resource_detection_tracks_grouped_by_api_group() -
     built = build_role(DISCOVERED, exclude=["deployments.apps"], name="narrow", service_account=("ops", "migrator"))
     assert built.resources == ["configmaps", "gadgets.example.com", "secrets", "widgets.example.com"]
     assert [r["apiGroups"] for r in _rules(built)] == [[""], ["example.com"], ["example.com"]]
-    role, binding = built.manifest["items"]
+    role, binding, *_ = built.manifest["items"]
     assert role["metadata"]["name"] == binding["metadata"]["name"] == "narrow"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "migrator", "namespace": "ops"}]
 

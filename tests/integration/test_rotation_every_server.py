@@ -1,0 +1,268 @@
+"""Key rotation gated on every API server (issue 19), on a kubesim of 3 servers over one etcd.
+
+Issue 19: "Suppose a rotation starts while one server still writes with the old key:
+objects written through that server stay under the old key; the proof pass can still
+come out clean ...; the verdict then says `Completed`, the operator removes the old
+key, and those Secrets can never be read again." The rules tested here:
+- "No write until every live server reports the same configuration hash";
+- "Check again between chunks and before the verdict. If the hash changes mid-run,
+  the proof is void";
+- "A server that serves no such metric is 'unknown', and this is never treated as
+  agreement";
+- "An operator who knowingly accepts the risk can pass an explicit override. It is
+  logged as a warning and recorded in the ledger. It is never the default."
+Each server reads its own EncryptionConfiguration file (a rolling update changes them
+one at a time); every verdict is judged by the key each value in etcd is encrypted with.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import install_migration_crds
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from rotation_fixtures import SECRET1, SECRET2, SecretWriters, config, stored_keys, wait
+
+from kubesim.admin import Admin
+from kubesim.cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
+
+SECRETS = 150
+KEY1, KEY2 = ("key1", SECRET1), ("key2", SECRET2)
+FAST: dict[str, Any] = {"write_rate_per_second": 2000.0, "chunk_size": 50}
+
+
+@dataclass
+class ThreeServers:
+    cluster: Cluster
+    files: list[Path]
+    kubeconfig: Path
+    admins: list[Admin]
+    namespace: str
+
+    def api(self, server: int = 0) -> k8s.ApiClient:
+        return k8s_config.new_client_from_config(config_file=str(self.kubeconfig), context=f"kubesim-{server}")
+
+    def roll(self, server: int, *keys: tuple[str, str]) -> None:
+        """One step of a rolling update: server `server`'s file now lists `keys` (write key first)."""
+        staged = self.files[server].with_suffix(".new")  # renamed into place: a reload never reads half a file
+        staged.write_text(config(*keys))
+        staged.replace(self.files[server])
+        names = [name for name, _ in keys]
+        wait(lambda: self.admins[server].config()["encryption"]["keys"] == names,
+             f"server {server} reloading its file ({names})")  # fmt: skip
+
+    def migrator_writes(self) -> int:
+        """Merge patches of Secrets: only the migrator sends them (writers create, replace, delete)."""
+        return sum(a.counters()["requestsByResource"].get("patch secrets", 0) for a in self.admins)
+
+    def keys_in_etcd(self) -> set[str]:
+        return set(stored_keys(self.cluster, f"/registry/secrets/{self.namespace}/").values())
+
+
+@pytest.fixture
+def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreeServers]:
+    monkeypatch.setenv("STORAGE_MIGRATOR_SERVER_CONFIG_POLL_SECONDS", "0.3")
+    files = [tmp_path / f"encryption-config-{i}.yaml" for i in range(3)]
+    for path in files:
+        path.write_text(config(KEY1))
+    with Cluster(servers=3, encryption_config=files, automatic_reload=True, reload_interval=0.2) as own:
+        kubeconfig = own.write_kubeconfig(tmp_path / "kubeconfig")
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        install_migration_crds(api)
+        namespace = f"t-{uuid.uuid4().hex[:8]}"
+        core = k8s.CoreV1Api(api)
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
+        for i in range(SECRETS):
+            core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i:04d}"),
+                                                                  string_data={"v": f"s{i}"}))  # fmt: skip
+        api.close()
+        yield ThreeServers(cluster=own, files=files, kubeconfig=kubeconfig,
+                           admins=[Admin(s.url) for s in own.servers], namespace=namespace)  # fmt: skip
+
+
+def rotate(servers: ThreeServers, key: str, *, context: str = "kubesim-0", **params: Any) -> Any:
+    from flows.rotate_encryption_key import rotate_encryption_key
+
+    return rotate_encryption_key(key=key, resources=["secrets"], kubeconfig=str(servers.kubeconfig), context=context,
+                                 return_state=True, **{**FAST, **params})  # fmt: skip
+
+
+def test_a_rotation_started_mid_way_through_a_rolling_update_waits_for_the_last_server(
+    servers: ThreeServers,
+) -> None:
+    """Issue 19: "the rotation is started after the first server changed; nothing is written
+    until the last server has changed; then every value in etcd is under the new key; after
+    the old key is removed from every server, every object reads with its writer's last value"
+    (writers on every server throughout)."""
+    for server in range(3):  # seed 003: the new key readable everywhere first
+        servers.roll(server, KEY1, KEY2)
+    servers.roll(0, KEY2, KEY1)  # the rolling update has begun: server 0 writes with key2
+
+    core = k8s.CoreV1Api(servers.api())
+    writers = []
+    for server in range(3):
+        ns = f"{servers.namespace}-w{server}"
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
+        writers.append(SecretWriters(servers.api(server), ns))
+    seen: dict[str, Any] = {}
+
+    def operator() -> None:
+        time.sleep(3)  # the rotation is waiting meanwhile
+        servers.roll(1, KEY2, KEY1)
+        time.sleep(2)
+        seen["writes before the last server"] = servers.migrator_writes()
+        seen["requests before the last server"] = servers.admins[0].counters()["requestsByResource"].get(
+            "create storageversionmigrations.migration.k8s.io", 0)  # fmt: skip
+        servers.roll(2, KEY2, KEY1)
+
+    rolling = threading.Thread(target=operator, daemon=True)
+    for w in writers:
+        w.start()
+    rolling.start()
+    try:
+        state = rotate(servers, "key2", server_config_timeout=120)
+    finally:
+        rolling.join(timeout=60)
+        for w in writers:
+            w.stop.set()
+        for w in writers:
+            w.join(timeout=30)
+    assert seen == {"writes before the last server": 0, "requests before the last server": 0}, seen
+    assert state.is_completed(), state.message
+    assert "Proven under encryption configuration sha256:" in state.result().message
+    assert min(min(w.counts.values()) for w in writers) > 0, [w.counts for w in writers]
+    everything = set(stored_keys(servers.cluster, "/registry/secrets/").values())
+    assert everything == {"key2"}, "a value written during the rotation stayed under key1"
+
+    for server in range(3):  # seed 003: now the old key may go, server after server
+        servers.roll(server, KEY2)
+    for server in range(3):
+        reader = k8s.CoreV1Api(servers.api(server))
+        for i in range(SECRETS):
+            data = reader.read_namespaced_secret(f"s-{i:04d}", servers.namespace).data
+            assert base64.b64decode(data["v"]).decode() == f"s{i}"
+        for w in writers:
+            for name, value in w.expected.items():
+                assert base64.b64decode(reader.read_namespaced_secret(name, w.namespace).data["v"]).decode() == value
+
+
+def test_a_server_whose_configuration_changes_back_mid_run_voids_the_proof(servers: ThreeServers) -> None:
+    """Issue 19: "A server whose configuration changes back mid-run: the verdict is not `Completed`"."""
+    for server in range(3):
+        servers.roll(server, KEY1, KEY2)
+    for server in range(3):
+        servers.roll(server, KEY2, KEY1)
+    api = k8s.CustomObjectsApi(servers.api())
+
+    def operator() -> None:
+        def running() -> bool:
+            try:
+                svm = api.get_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations",
+                                                    "secrets-key2")  # fmt: skip
+            except k8s.ApiException:
+                return False
+            return bool(((svm.get("status") or {}).get("progress") or {}).get("chunks"))
+
+        wait(running, "the first chunk of secrets-key2", timeout=120)
+        servers.roll(2, KEY1, KEY2)  # server 2 rolled back: it writes with key1 again
+
+    rolling = threading.Thread(target=operator, daemon=True)
+    rolling.start()
+    state = rotate(servers, "key2", write_rate_per_second=40.0, chunk_size=20)
+    rolling.join(timeout=60)
+    assert state.is_failed(), state.message
+    assert "keep the old key" in state.message.lower() or "do not remove the old key" in state.message.lower()
+    svm = api.get_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations", "secrets-key2")
+    failed = next(c for c in svm["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "EncryptionConfigurationChanged", failed
+    assert servers.keys_in_etcd() == {"key1", "key2"}, "the run stopped part-way: both keys are still in etcd"
+
+
+def test_one_server_still_writing_with_the_old_key_is_never_proven(servers: ThreeServers) -> None:
+    """Issue 19's reproduction made certain: server 1 keeps key1 as its write key and the
+    proof pass goes through it. Before the gate the flow said Completed; now nothing is
+    written, and the message names the server and says to keep the old key."""
+    for server in range(3):
+        servers.roll(server, KEY1, KEY2)
+    servers.roll(0, KEY2, KEY1)
+    servers.roll(2, KEY2, KEY1)
+    state = rotate(servers, "key2", context="kubesim-1", server_config_timeout=2)
+    assert state.is_failed(), state.message
+    laggard = servers.cluster.servers[1].registry.config.server_id
+    assert laggard in state.message and "keep the old key" in state.message, state.message
+    assert servers.migrator_writes() == 0
+    assert servers.keys_in_etcd() == {"key1"}
+
+
+def test_a_server_without_the_metric_is_unknown_and_the_run_refuses(servers: ThreeServers) -> None:
+    """Issue 19: "A server without the metric: the run refuses, and says why"."""
+    for server in range(3):
+        servers.roll(server, KEY2, KEY1)
+    servers.admins[2].set_metrics(encryption_config_info=False)
+    state = rotate(servers, "key2", server_config_timeout=1)
+    assert state.is_failed(), state.message
+    silent = servers.cluster.servers[2].registry.config.server_id
+    assert silent in state.message and "apiserver_encryption_config_controller_last_config_info" in state.message
+    assert "never taken as agreeing" in state.message, state.message
+    assert servers.migrator_writes() == 0 and servers.keys_in_etcd() == {"key1"}
+
+
+def test_the_override_proceeds_with_a_warning_in_the_log_and_the_ledger(servers: ThreeServers) -> None:
+    """Issue 19: "The override: it proceeds, with a warning in the log and in the ledger" -- and
+    what it risks: server 2, still writing with key1, is not covered by the proof."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from storage_migrator.ledger.database import ledger_engine
+    from storage_migrator.ledger.queries import history
+    from storage_migrator.settings import Settings
+
+    for server in range(3):
+        servers.roll(server, KEY1, KEY2)
+    servers.roll(0, KEY2, KEY1)
+    servers.roll(1, KEY2, KEY1)
+    began = datetime.now(UTC)  # the ledger is the session's: this test's rows are those after it began
+    state = rotate(servers, "key2", skip_server_check=True, server_config_timeout=1)
+    assert state.is_completed(), state.message
+    assert "OVERRIDDEN" in state.result().message
+    assert servers.keys_in_etcd() == {"key2"}
+
+    run_id = state.state_details.flow_run_id
+
+    def warned() -> bool:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return any(log.level >= 30 and "OVERRIDDEN" in log.message for log in logs)
+
+    wait(warned, "the override's warning in the rotation's Prefect log", timeout=30)
+    engine = ledger_engine(Settings().database_url)
+    try:
+
+        def recorded() -> set[str | None]:
+            return {
+                r.server_check
+                for r in history(engine, resource="secrets", since=began)
+                if r.migration.startswith("secrets-key2")
+            }
+
+        wait(lambda: recorded() == {"overridden"},
+             f"the ledger's outcome rows of secrets-key2 and its verification: {recorded()}")  # fmt: skip
+    finally:
+        engine.dispose()
+    # What the override risks: a write through server 2 goes under key1, after a "Completed".
+    core = k8s.CoreV1Api(servers.api(2))
+    core.create_namespaced_secret(servers.namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="late"),
+                                                                  string_data={"v": "late"}))  # fmt: skip
+    assert stored_keys(servers.cluster, f"/registry/secrets/{servers.namespace}/")["late"] == "key1"

@@ -87,5 +87,8 @@ def test_json_and_table_carry_the_same_role(kubesim: Any, capsys: pytest.Capture
 
     assert main(["--kubeconfig", kubesim.kubeconfig, "rbac", "--resources", "secrets", "-o", "table"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["API", "GROUPS", "RESOURCES", "NON-RESOURCE", "URLS", "VERBS"]
-    assert lines[1].split() == ['""', "secrets", "-", "list,patch"]
+    assert lines[0].split() == ["GRANTED", "BY", "API", "GROUPS", "RESOURCES", "NON-RESOURCE", "URLS", "VERBS"]
+    assert lines[1].split() == ["ClusterRole", '""', "secrets", "-", "list,patch"]
+    # Issue 19: the API servers' identity Leases, in kube-system only.
+    assert lines[-1].split() == ["Role", "in", "kube-system", "coordination.k8s.io", "leases", "-", "list"]
+    assert any("/metrics" in line for line in lines)

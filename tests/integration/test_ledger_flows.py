@@ -51,7 +51,7 @@ HISTORY_KEYS = {
     "kind", "run_id", "migration", "migration_uid", "resource", "version", "target_storage_version_hash",
     "encryption_key", "requested_by", "flow_run_id", "flow_run_url", "started_at", "finished_at",
     "duration_seconds", "outcome", "reason", "message", "listed", "rewritten", "unchanged", "gone", "conflicted",
-    "failed", "chunks", "passes",
+    "failed", "chunks", "passes", "encryption_config_hash", "server_check",
 }  # fmt: skip
 
 

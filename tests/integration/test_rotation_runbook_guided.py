@@ -1,0 +1,222 @@
+"""The guided key rotation end to end (issue 19 item 3), on a kubesim of 3 servers.
+
+Issue 19: "The guided flow end to end: it is driven through the Prefect API
+(`resume_flow_run` with input), as the UI's form would drive it; a 'done' given
+before the servers changed does not advance it; it is killed in phase 3 and resumed."
+And: "Then it waits until every server's hash has moved to one new common value
+before it goes on. 'Done' clicked too early is never taken as done. The phase
+reached is recorded, so a crashed or cancelled run resumes at its phase."
+
+The flow runs in a process of its own (so that it can be killed), against the
+session's Prefect server; the test plays the operator: it edits each server's
+EncryptionConfiguration file and submits the form through the API.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import install_migration_crds
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from rotation_fixtures import SECRET1, SECRET2, config, stored_keys, wait
+
+from kubesim.admin import Admin
+from kubesim.cluster import Cluster
+
+pytestmark = [pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRETS = 240
+KEY1, KEY2 = ("key1", SECRET1), ("key2", SECRET2)
+
+
+class Operator:
+    """The person at the keyboard: edits each server's file, reads and submits the form."""
+
+    def __init__(self, cluster: Cluster, files: list[Path]) -> None:
+        self.cluster, self.files = cluster, files
+        self.admins = [Admin(s.url) for s in cluster.servers]
+
+    def roll_all(self, *keys: tuple[str, str]) -> None:
+        names = [name for name, _ in keys]
+        for i, path in enumerate(self.files):
+            staged = path.with_suffix(".new")
+            staged.write_text(config(*keys))
+            staged.replace(path)
+            wait(lambda i=i: self.admins[i].config()["encryption"]["keys"] == names, f"server {i} reloading")  # type: ignore[misc]
+
+
+def flow_run(name: str) -> Any:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])),
+                                     sort=FlowRunSort.START_TIME_DESC, limit=1)  # fmt: skip
+    return runs[0] if runs else None
+
+
+def pause_of(run: Any) -> tuple[str, str]:
+    """A pause: the run and its pause key (each pause of a run has its own; a new run counts from 1)."""
+    return str(run.id), str(run.state.state_details.pause_key)
+
+
+def paused(name: str, *, after: set[tuple[str, str]]) -> Callable[[], Any]:
+    """The newest run of that name, once it is Paused in a pause not in `after`."""
+
+    def check() -> Any:
+        run = flow_run(name)
+        if run is None or run.state is None or not run.state.is_paused():
+            return None
+        return run if pause_of(run) not in after else None
+
+    return check
+
+
+def recorded_phase(key: str) -> str | None:
+    from prefect.variables import Variable
+
+    from storage_migrator.rotation_runbook import record_name
+
+    saved = Variable.get(record_name(key))
+    return saved["phase"] if isinstance(saved, dict) else None
+
+
+def form_text(run: Any) -> str:
+    from prefect.client.orchestration import get_client
+
+    keyset = run.state.state_details.run_input_keyset
+    with get_client(sync_client=True) as client:
+        return str(client.read_flow_run_input(run.id, keyset["description"]))
+
+
+def submit(run: Any, done: bool = True) -> None:
+    from prefect.flow_runs import resume_flow_run
+
+    resume_flow_run(run.id, run_input={"done": done})
+
+
+@pytest.fixture
+def three_servers(tmp_path: Path) -> Iterator[tuple[Cluster, list[Path], Path, str]]:
+    files = [tmp_path / f"encryption-config-{i}.yaml" for i in range(3)]
+    for path in files:
+        path.write_text(config(KEY1))
+    with Cluster(servers=3, encryption_config=files, automatic_reload=True, reload_interval=0.2) as own:
+        kubeconfig = own.write_kubeconfig(tmp_path / "kubeconfig")
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        install_migration_crds(api)
+        ns = f"t-{uuid.uuid4().hex[:8]}"
+        core = k8s.CoreV1Api(api)
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
+        for i in range(SECRETS):
+            core.create_namespaced_secret(ns, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i:04d}"),
+                                                           string_data={"v": f"s{i}"}))  # fmt: skip
+        api.close()
+        yield own, files, kubeconfig, ns
+
+
+def start_runbook(prefect_api: str, kubeconfig: Path, key: str, log: Path) -> subprocess.Popen[bytes]:
+    code = (
+        "from flows.rotation_runbook import key_rotation_runbook as f\n"
+        f"s = f(key={key!r}, old_key='key1', resources=['secrets'], settle_seconds=3, chunk_size=20, "
+        f"write_rate_per_second=60, kubeconfig={str(kubeconfig)!r}, return_state=True)\n"
+        "raise SystemExit(0 if s.is_completed() else 1)\n"
+    )
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "STORAGE_MIGRATOR_SERVER_CONFIG_POLL_SECONDS": "0.5",
+           "STORAGE_MIGRATOR_LEASE_SECONDS": "4"}  # fmt: skip
+    with log.open("ab") as out:  # the child has its own copy of the descriptor
+        return subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def test_the_guided_runbook_gates_each_phase_and_resumes_after_a_kill(
+    three_servers: tuple[Cluster, list[Path], Path, str], prefect_api: str, tmp_path: Path
+) -> None:
+    cluster, files, kubeconfig, ns = three_servers
+    operator = Operator(cluster, files)
+    key = f"key2-{uuid.uuid4().hex[:6]}"  # the session's Prefect server keeps each runbook's Variable
+    name = f"key-rotation-runbook-{key}"
+    log = Path(os.environ.get("RUNBOOK_LOG", tmp_path / "runbook.log"))
+    first = start_runbook(prefect_api, kubeconfig, key, log)
+    try:
+        # Phase 1: the form says what to change, with a snippet and no secret.
+        pauses: set[tuple[str, str]] = set()
+        run = _wait_pause(name, pauses)
+        text = form_text(run)
+        assert "add the new key as a read key" in text and key in text and "EncryptionConfiguration" in text
+        assert SECRET1 not in text and SECRET2 not in text
+        # "Done" before any server changed: asked again, at the same phase.
+        pauses.add(pause_of(run))
+        submit(run)
+        run = _wait_pause(name, pauses)
+        assert "Not yet" in form_text(run) and recorded_phase(key) == "add-read-key"
+        # The operator adds key2 as a read key everywhere: phase 2.
+        operator.roll_all(KEY1, KEY2)
+        pauses.add(pause_of(run))
+        submit(run)
+        run = _wait_pause(name, pauses)
+        assert recorded_phase(key) == "make-write-key" and "write key" in form_text(run)
+        # key2 the write key everywhere: phase 3 runs; killed while it writes.
+        operator.roll_all(KEY2, KEY1)
+        pauses.add(pause_of(run))
+        submit(run)
+        wait(lambda: _chunks_done(cluster, "secrets-" + key) >= 1, "the re-encryption's first chunk", timeout=120)
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert recorded_phase(key) == "reencrypt"
+    assert set(stored_keys(cluster, f"/registry/secrets/{ns}/").values()) == {"key1", "key2"}, "killed part-way"
+
+    second = start_runbook(prefect_api, kubeconfig, key, log)
+    try:
+        run = _wait_pause(name, pauses)  # resumed at phase 3, which completes; then phase 4's form
+        assert recorded_phase(key) == "remove-old-key", log.read_text()[-3000:]
+        assert set(stored_keys(cluster, "/registry/secrets/").values()) == {"key2"}
+        operator.roll_all(KEY2)
+        submit(run)
+        assert second.wait(timeout=180) == 0, log.read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            second.kill()
+    assert recorded_phase(key) == "done"
+    for server in range(3):
+        core = k8s.CoreV1Api(
+            k8s_config.new_client_from_config(config_file=str(kubeconfig), context=f"kubesim-{server}")
+        )
+        for i in range(0, SECRETS, 7):
+            assert base64.b64decode(core.read_namespaced_secret(f"s-{i:04d}", ns).data["v"]).decode() == f"s{i}"
+
+
+def _wait_pause(name: str, after: set[tuple[str, str]]) -> Any:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        run = paused(name, after=after)()
+        if run is not None:
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"{name} did not pause again (pauses so far: {sorted(after)})")
+
+
+def _chunks_done(cluster: Cluster, name: str) -> int:
+    api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        svm = k8s.CustomObjectsApi(api).get_cluster_custom_object("migration.k8s.io", "v1alpha1",
+                                                                  "storageversionmigrations", name)  # fmt: skip
+    except k8s.ApiException:
+        return 0
+    finally:
+        api.close()
+    return int(((svm.get("status") or {}).get("progress") or {}).get("chunks") or 0)

@@ -24,6 +24,7 @@ from storage_migrator.rotation import (
     ENCRYPTION_KEY_ANNOTATION,
     InvalidKeyName,
     ResourceRotation,
+    ServerCheckResult,
     plan_requests,
     request_name,
     rotation_verdict,
@@ -148,3 +149,38 @@ def test_completed_only_when_every_resource_is_proven() -> None:
     assert "Do not remove the old key yet" in bad.message
 
     assert not rotation_verdict([], key="key2").completed  # nothing proven is not a proof
+
+
+# ----- issue 19: the proof holds under the configuration every API server runs --------------
+def _verified(config_hash: str | None) -> tuple[StorageVersionMigration, StorageVersionMigration]:
+    done = svm("secrets-key2", "succeeded", progress=MigrationProgress(listed=3, rewritten=3))
+    check = svm("secrets-key2-verify", "succeeded", progress=MigrationProgress(listed=3, unchanged=3))
+    check.status.encryption_config_hash = config_hash
+    return done, check
+
+
+H1, H2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+
+
+@pytest.mark.parametrize(
+    ("ran_under", "servers", "verified", "note"),
+    [
+        (H1, ServerCheckResult(config_hash=H1), True, ""),
+        (H1, ServerCheckResult(config_hash=H2), False, "delete secrets-key2-verify"),  # changed since the proof
+        (None, ServerCheckResult(config_hash=H1), False, "ran under encryption configuration unknown"),
+        (H1, ServerCheckResult(config_hash=None, why="servers differ"), False, "servers differ"),
+        (None, ServerCheckResult(config_hash=None, overridden=True), True, ""),  # the operator's risk
+    ],
+)
+def test_a_verification_pass_proves_only_under_what_every_server_runs_now(
+    ran_under: str | None, servers: ServerCheckResult, verified: bool, note: str
+) -> None:
+    done, check = _verified(ran_under)
+    result = summarize_resource("secrets", "secrets-key2", done, check, servers=servers)
+    assert result.verified is verified and note in result.note
+    verdict = rotation_verdict([result], key="key2", servers=servers)
+    assert verdict.completed is verified
+    if verified and not servers.overridden:
+        assert f"Proven under encryption configuration {H1}" in verdict.message
+    if servers.overridden:
+        assert "OVERRIDDEN" in verdict.message

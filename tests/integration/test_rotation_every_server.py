@@ -266,3 +266,27 @@ def test_the_override_proceeds_with_a_warning_in_the_log_and_the_ledger(servers:
     core.create_namespaced_secret(servers.namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="late"),
                                                                   string_data={"v": "late"}))  # fmt: skip
     assert stored_keys(servers.cluster, f"/registry/secrets/{servers.namespace}/")["late"] == "key1"
+
+
+def test_discover_shows_what_every_server_runs(servers: ThreeServers, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 19 item 1: "The result is a per-server table: id, config hash, when it was heard.
+    `storage-migrator discover` shows it." Judged against each server's own file and identity."""
+    import hashlib
+    import json
+
+    from storage_migrator.cli import main
+
+    servers.roll(1, KEY1, KEY2)
+    servers.admins[2].set_metrics(encryption_config_info=False)
+    assert main(["--kubeconfig", str(servers.kubeconfig), "discover", "-o", "json"]) == 0
+    table = json.loads(capsys.readouterr().out)["encryptionConfigs"]["servers"]
+    ids = [s.registry.config.server_id for s in servers.cluster.servers]
+    files = ["sha256:" + hashlib.sha256(path.read_bytes()).hexdigest() for path in servers.files]
+    assert {row["server_id"]: row["config_hash"] for row in table} == {ids[0]: files[0], ids[1]: files[1], ids[2]: None}
+    assert all(row["heard_at"] and row["via"] for row in table if row["config_hash"])
+
+    assert main(["--kubeconfig", str(servers.kubeconfig), "discover"]) == 0
+    out, err = capsys.readouterr()
+    assert "NOT one configuration: a key rotation would wait" in out
+    assert all(server_id in out for server_id in ids) and files[1] in out and "unknown" in out
+    assert "no apiserver_encryption_config_controller_last_config_info" in err

@@ -118,5 +118,10 @@ def observe_server_configs(
     for _ in range(SAMPLES_PER_SERVER * max(live, 1)):
         if not missing_ids(leases, samples, now=datetime.now(UTC)):
             break
-        _hear(api, cluster, samples, unheard, timeout)
+        # A new connection per sample: a load balancer spreads connections, not the requests of one.
+        one = connect(cluster)
+        try:
+            _hear(one, cluster, samples, unheard, timeout)
+        finally:
+            one.close()  # type: ignore[no-untyped-call]
     return server_configs(leases, samples, now=datetime.now(UTC), unheard=unheard)

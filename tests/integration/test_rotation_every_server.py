@@ -290,3 +290,39 @@ def test_discover_shows_what_every_server_runs(servers: ThreeServers, capsys: py
     assert "NOT one configuration: a key rotation would wait" in out
     assert all(server_id in out for server_id in ids) and files[1] in out and "unknown" in out
     assert "no apiserver_encryption_config_controller_last_config_info" in err
+
+
+def test_behind_a_load_balancer_every_server_is_heard_by_sampling(servers: ThreeServers, tmp_path: Path) -> None:
+    """Issue 19 item 1: "or by sampling `/metrics` through the cluster's address until every live
+    server has answered. Each answer carries its own id hash, so a load balancer in front of the
+    servers is not a problem." Here the servers' own endpoints cannot be reached (as from outside
+    a cluster network) and the kubeconfig names a balancer that gives each connection to the next
+    server."""
+    import yaml
+
+    from kubesim.balancer import RoundRobinBalancer
+    from storage_migrator.apiservers import observe_server_configs
+    from storage_migrator.kube.connection import api_client_from_settings
+    from storage_migrator.settings import Settings
+
+    servers.roll(1, KEY1, KEY2)  # server 1 differs: the table must show it, not a lucky sample
+    backends = [(s.host, s.port) for s in servers.cluster.servers]
+    with RoundRobinBalancer(backends) as balancer:
+        doc = yaml.safe_load(servers.kubeconfig.read_text())
+        for cluster in doc["clusters"]:
+            cluster["cluster"]["server"] = balancer.url
+        behind = tmp_path / "behind-a-balancer"
+        behind.write_text(yaml.safe_dump(doc))
+        # The servers' own addresses, unreachable from here (port 9: nothing listens).
+        settings = Settings(kubeconfig=behind, api_servers=["http://127.0.0.1:9"])
+        api = api_client_from_settings(settings)
+        try:
+            configs = observe_server_configs(api, settings)
+        finally:
+            api.close()
+    ids = [s.registry.config.server_id for s in servers.cluster.servers]
+    assert [s.server_id for s in configs.servers] == sorted(ids)
+    assert all(s.via == balancer.url for s in configs.servers), configs.rows()
+    by_id = {s.server_id: s.config_hash for s in configs.servers}
+    assert by_id[ids[0]] == by_id[ids[2]] != by_id[ids[1]] is not None
+    assert configs.common_hash is None and "http://127.0.0.1:9" in configs.unheard

@@ -1,16 +1,30 @@
-"""`initialize`: request a migration of every persisted resource (seed 002, "Alpha workflow").
+"""`initialize`: the first look at every persisted resource, taken as a detection poll takes it.
 
-Built-in resources from discovery, custom ones from CRDs, aggregated ones from
-APIServices with a service; sub-resources, resources with no
-storageVersionHash, resources that cannot be listed or rewritten, and the
-second of each pair that shares storage are skipped, and the run says which and
-why. Then it starts `run-migrations` (unless told not to). A group version that
-discovery could not read (an aggregated API server down) does not stop the
-rest: the run requests everything else and then ends Failed, naming it.
+Issue 24: one path for the first look at a resource. The run is one detection
+poll over every resource the include / exclude lists select (seed 000's rules,
+the planner `plan_poll`, applied by the poll's own task): a resource with no
+StorageState gets one, with the hashes the API servers report and persisted
+`[Unknown]`, and then a migration request (label `requested-by=initialize`),
+so that the migration starts after the state recorded its hash and its success
+refines the state. A resource the API servers disagree on gets its state and
+no request until they agree (seed 000, HA); one already migrated gets nothing.
+Requesting migrations without states, as seed 002's alpha initializer does,
+made the next poll request every migration again.
+
+The report is seed 002's "Alpha workflow": built-in resources from discovery,
+custom ones from CRDs, aggregated ones from APIServices with a service (the
+origin of each request); sub-resources, resources with no storageVersionHash,
+resources that cannot be listed or rewritten, and the second of each pair
+that shares storage are skipped, and the run says which and why. Then it
+starts `run-migrations` (unless told not to). A group version that discovery
+could not read (an aggregated API server down) does not stop the rest: the
+run requests everything else and then ends Failed, naming it.
 """
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -19,19 +33,26 @@ from prefect.client.schemas.objects import State
 from prefect.deployments import run_deployment
 from prefect.runtime import deployment
 from prefect.states import Failed
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
+from flows.events import delivered_events
+from flows.polling import PollSummary, carry_out, look
+from flows.run_logs import our_logs_in_the_run
 from flows.run_migrations import run_migrations
-from storage_migrator.initializer import SkippedResource
+from storage_migrator.detection_plan import INITIALIZE_REQUESTER
+from storage_migrator.initializer import InitPlan, SkippedResource, plan_initialization
 from storage_migrator.settings import Settings
-from tasks.dispatching import create_requests, plan_initial_requests
+from tasks.dispatching import read_apiservices
 
 RUN_MIGRATIONS_DEPLOYMENT = "run-migrations/run-migrations"
 
 
 class InitializeSummary(BaseModel):
-    created: list[str]
-    skipped: list[SkippedResource]
+    """What the first look requested, what it left out and why, and what its poll applied."""
+
+    created: list[str] = Field(description="The StorageVersionMigrations requested, by name.")
+    skipped: list[SkippedResource] = Field(description="Every group-resource nothing was requested for, and why.")
+    poll: PollSummary = Field(description="The detection poll initialize ran: StorageStates written, requests made.")
 
 
 @flow(name="initialize", persist_result=False, log_prints=False)
@@ -42,34 +63,55 @@ def initialize(
     kubeconfig: str | None = None,
     context: str | None = None,
 ) -> InitializeSummary | State[Any]:
-    logger = get_run_logger()
-    settings = Settings.with_overrides(kubeconfig=kubeconfig, context=context)
-    plan = plan_initial_requests(
-        settings,
-        include=include if include is not None else settings.include_resources,
-        exclude=exclude if exclude is not None else settings.exclude_resources,
-    )
-    created = create_requests(settings, plan.requests)
-    for request, name in zip(plan.requests, created, strict=True):
-        logger.info("requested %s (%s, %s): %s", request.group_resource, request.version, request.origin, name)
-    for skipped in plan.skipped:
-        logger.info("skipped %s: %s", skipped.group_resource, skipped.reason)
-    for missed in plan.unreachable:
-        logger.error("not seen: %s", missed)
-    rows = [{"resource": r.group_resource, "version": r.version, "origin": r.origin, "decision": f"requested {n}"}
-            for r, n in zip(plan.requests, created, strict=True)]  # fmt: skip
-    rows += [{"resource": s.group_resource, "version": "", "origin": "", "decision": f"skipped: {s.reason}"}
-             for s in plan.skipped]  # fmt: skip
-    rows += [{"resource": m.split(":", 1)[0], "version": "", "origin": "", "decision": f"unreachable: {m}"}
-             for m in plan.unreachable]  # fmt: skip
-    create_table_artifact(table=rows, key="initialize", description="What initialize requested and skipped")
-    if start_migrations and created:
-        if deployment.id is not None:
-            run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
-        else:
-            run_migrations(kubeconfig=kubeconfig, context=context)
-    if not plan.complete:
+    """A detection poll over every selected resource that requests what it must, then runs it.
+
+    `include` / `exclude` override STORAGE_MIGRATOR_INCLUDE_RESOURCES / _EXCLUDE_RESOURCES
+    for this run only: the scheduled polls follow the settings."""
+    settings = Settings.with_overrides(include_resources=include, exclude_resources=exclude,
+                                       kubeconfig=kubeconfig, context=context)  # fmt: skip
+    # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
+    with delivered_events(), our_logs_in_the_run():
+        began, clock = datetime.now(UTC), time.monotonic()
+        seen = look(settings)
+        first = plan_initialization(seen, settings=settings, apiservices=read_apiservices(settings),
+                                    now=datetime.now(UTC))  # fmt: skip
+        # The detection poll's apply: each StorageState is written before its request (seed 000).
+        polled = carry_out(settings, seen, first.plan, began=began, clock=clock, requested_by=INITIALIZE_REQUESTER)
+        created = _report(first, polled)
+        if start_migrations and polled.runnable:
+            if deployment.id is not None:
+                run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
+            else:
+                run_migrations(kubeconfig=kubeconfig, context=context)
+    if polled.applied.denied:
+        # Issue 14: a permission RBAC denies is no race a later run wins: fail, naming it and the fix.
+        return Failed(message="; ".join(polled.applied.denied))
+    if not first.complete:
         return Failed(
-            message=f"requested {len(created)} migrations, but discovery missed: " + "; ".join(plan.unreachable)
+            message=f"requested {len(created)} migrations, but discovery missed: " + "; ".join(first.unreachable)
         )
-    return InitializeSummary(created=created, skipped=plan.skipped)
+    return InitializeSummary(created=created, skipped=first.skipped, poll=polled)
+
+
+def _report(first: InitPlan, polled: PollSummary) -> list[str]:
+    """Log and tabulate, per group-resource, what was requested or why not; the names requested."""
+    logger = get_run_logger()
+    names = {r.group_resource: r.migration for r in polled.applied.changes.requested}
+    created = [names[r.group_resource] for r in first.requests if r.group_resource in names]
+    rows = []
+    for request in first.requests:
+        name = names.get(request.group_resource)
+        decision = f"requested {name}" if name else "request failed: see the detect-storage-changes table"
+        logger.info("%s (%s, %s): %s", request.group_resource, request.version, request.origin, decision)
+        rows.append({"resource": request.group_resource, "version": request.version, "origin": request.origin,
+                     "decision": decision})  # fmt: skip
+    for skipped in first.skipped:
+        logger.info("no request for %s: %s", skipped.group_resource, skipped.reason)
+        rows.append({"resource": skipped.group_resource, "version": "", "origin": "",
+                     "decision": f"no request: {skipped.reason}"})  # fmt: skip
+    for missed in first.unreachable:
+        logger.error("not seen: %s", missed)
+        rows.append({"resource": missed.split(":", 1)[0], "version": "", "origin": "",
+                     "decision": f"unreachable: {missed}"})  # fmt: skip
+    create_table_artifact(table=rows, key="initialize", description="What initialize requested, and why not")
+    return created

@@ -1,9 +1,11 @@
 """One detection poll as a function: observe, plan, apply.
 
-Both flows that poll call it: `detect-storage-changes` (every 10 minutes, then it
-starts `run-migrations` for what it requested) and `run-migrations` (once at
-its end, so a migration that just succeeded refines its StorageState at once,
-issue 10). It starts nothing itself, so the two never call each other.
+The flows that poll call it: `detect-storage-changes` (every 10 minutes, then it
+starts `run-migrations` for what it requested), `run-migrations` (once at its
+end, so a migration that just succeeded refines its StorageState at once,
+issue 10), and `initialize`, whose first look at every resource is this poll
+with the report of `plan_initialization` (issue 24). It starts nothing itself,
+so the flows never call each other through it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from flows.events import emit_poll_changes
 from storage_migrator.agreement import AgreementSource
-from storage_migrator.detection import DeleteMigration
+from storage_migrator.detection import DETECTION_LABEL_VALUE, DeleteMigration, DetectionPlan
 from storage_migrator.dispatch import plan_dispatch
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.ledger.recorder import writer_from_settings
@@ -55,16 +57,37 @@ def poll(settings: Settings) -> PollSummary:
     """Seed 000's triggering controller, once: every decision is `plan_poll`'s (seed 000's
     `plan_detection`, and `plan_retention`'s for finished requests past their retention),
     the same plan `storage-migrator plan` prints."""
-    logger = get_run_logger()
     began, clock = datetime.now(UTC), time.monotonic()
+    seen = look(settings)
+    return carry_out(settings, seen, plan_poll(seen, settings, now=datetime.now(UTC)), began=began, clock=clock)
+
+
+def look(settings: Settings) -> Observations:
+    """What the poll sees (the `observe` task), with what it could not see in the log."""
+    logger = get_run_logger()
     seen = observe(settings)
     if seen.failed_group_versions:
         # Deciding on a partial document could reset or refine the wrong states.
         logger.warning("discovery incomplete (%s): those resources are left for the next poll",
                        ", ".join(seen.failed_group_versions))  # fmt: skip
     logger.info("agreement from %s: %s", seen.agreement_source, ", ".join(seen.api_servers) or "one server")
-    plan = plan_poll(seen, settings, now=datetime.now(UTC))
-    applied = apply_plan(settings, plan, seen.states)
+    return seen
+
+
+def carry_out(
+    settings: Settings,
+    seen: Observations,
+    plan: DetectionPlan,
+    *,
+    began: datetime,
+    clock: float,
+    requested_by: str = DETECTION_LABEL_VALUE,
+) -> PollSummary:
+    """Apply a poll's plan, then its ledger row, events and artifact; what run-migrations would start.
+
+    `initialize` applies its plan here too (issue 24: one path), its requests
+    labelled `requested-by=initialize`; `began` / `clock` are when the poll began."""
+    applied = apply_plan(settings, plan, seen.states, requested_by=requested_by)
     # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
     writer_from_settings(settings).submit(PollRecord(
         started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,

@@ -22,14 +22,13 @@ Our refinements of the seed, each one named where it is applied:
   minutes (DESIGN 4.3).
 - *Retries* of a failed migration back off (10 min, 20, 40 ... capped at a
   day) instead of being re-requested every poll; a hash change resets them.
-- On a hash change we delete only the pending migrations that detection
-  created (label ``migration.k8s.io/requested-by=detection``). Seed 000 says
-  "stops any ongoing migration ... by deleting existing storageVersionMigrations",
-  but requests made by others (``kubectl``, seed 003's key-rotation requests)
-  are waited on by name by whoever made them; deleting them would make those
-  callers wait forever. They are harmless to keep: they migrate to whatever the
-  storage version is when they run, and refinement only trusts a migration
-  whose target hash is the current one.
+- On a hash change we delete only the pending migrations our polls created (label
+  ``requested-by`` in :data:`PLANNER_REQUESTERS`). Seed 000 says "stops any ongoing
+  migration ... by deleting existing storageVersionMigrations", but requests made by
+  others (``kubectl``, seed 003's key-rotation requests) are waited on by name by
+  whoever made them; deleting them would make those callers wait forever. They are
+  harmless to keep: they migrate to whatever the storage version is when they run,
+  and refinement only trusts a migration whose target hash is the current one.
 
 HA (seed 000, "Extended API proposal for HA cluster"; DESIGN 4.4). Each
 resource has reporters, one per API server (``reporters``; without any, one
@@ -76,6 +75,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.crds import CrdObservation, storage_version_hash
 from storage_migrator.detection_plan import (
+    PLANNER_REQUESTERS,
     Action,
     CreateMigration,
     CreateState,
@@ -191,7 +191,7 @@ def retry_delay_seconds(failures: int, *, base: float, maximum: float) -> float:
 
 
 def _is_detection_migration(migration: StorageVersionMigration) -> bool:
-    return (migration.metadata.labels or {}).get(DETECTION_LABEL) == DETECTION_LABEL_VALUE
+    return (migration.metadata.labels or {}).get(DETECTION_LABEL) in PLANNER_REQUESTERS
 
 
 def _proves(migration: StorageVersionMigration, *, current: str, since: datetime | None) -> bool:

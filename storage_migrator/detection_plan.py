@@ -9,7 +9,7 @@ every action carries the reason a person reads in the flow run's log.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,6 +17,8 @@ from storage_migrator.models import StorageVersionHash, storage_state_name
 from storage_migrator.tracking import SkippedResource
 
 __all__ = [
+    "INITIALIZE_REQUESTER",
+    "PLANNER_REQUESTERS",
     "Action",
     "CreateMigration",
     "CreateState",
@@ -25,6 +27,12 @@ __all__ = [
     "TrimStoredVersions",
     "UpdateState",
 ]
+
+#: ``migration.k8s.io/requested-by`` of the requests ``initialize`` makes by applying a plan.
+INITIALIZE_REQUESTER: Final = "initialize"
+#: Requesters whose requests are this planner's own (cancelled on a change, counted in the
+#: back-off): the detection poll, and ``initialize``, the same poll on first install (issue 24).
+PLANNER_REQUESTERS: Final = frozenset({"detection", INITIALIZE_REQUESTER})
 
 
 class _Action(BaseModel):

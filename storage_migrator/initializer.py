@@ -1,29 +1,45 @@
-"""What the one-shot ``initialize`` flow requests: a migration per persisted resource.
+"""What the one-shot ``initialize`` flow does: the detection poll's first look at every resource.
 
-Design decision (DESIGN 4.7, seed 002 "Alpha workflow"): the decision is a
-pure function of observations (discovery, CRDs, APIServices, existing
-migrations), so every rule is table-tested and the flow only reads, plans and
-creates. Unlike the alpha initializer, which "removes the custom resources and
-aggregated resources from the comprehensive resource list", we keep them and
-record where each came from (``origin``): seed 002's Goals ask that the tool
-"work for Kubernetes built-in APIs, custom resources (CR), and aggregated
-APIs". Shared storage is detected from discovery (same storageVersionHash,
-same plural) instead of the alpha's hard-coded list. Everything left out is
-reported with a human reason, one entry per group-resource.
+Design decision (issue 24; DESIGN 4.3, 4.7; seed 002 "Alpha workflow"): there is
+one path for the first look at a resource. ``initialize`` plans with
+:func:`storage_migrator.poll_plan.plan_poll`, the function every detection poll
+and ``storage-migrator plan`` use: it creates (or updates) each StorageState
+with the hashes observed, through the same agreement rules, and requests a
+migration only where seed 000 would (no StorageState yet, or persisted not
+``[current]``). The state is written before its request, so the request starts
+after the state recorded its hash and its success refines the state (seed 000:
+a migration refines a state only if it started after that state recorded the
+hash). An initializer that only requested migrations left the next poll with
+no state to refine: it requested every migration a second time, every object
+rewritten twice.
+
+What is left here is the report: the origin of each request, and for every
+group-resource no request was made for, why (structural, the include / exclude
+lists, already requested, already migrated, API servers that disagree). Unlike
+the alpha initializer, which "removes the custom resources and aggregated
+resources from the comprehensive resource list", we keep them and say where
+each came from (seed 002's Goals: "work for Kubernetes built-in APIs, custom
+resources (CR), and aggregated APIs"); shared storage is found from discovery
+(same hash, same plural), not from a hard-coded list. Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.crds import CrdObservation, as_mapping
+from storage_migrator.crds import as_mapping
+from storage_migrator.detection_plan import CreateMigration, CreateState, DeleteMigration, DetectionPlan, UpdateState
 from storage_migrator.dispatch import is_finished, migration_resource
 from storage_migrator.kube.discovery import DiscoveredResource, GroupVersionFailure
-from storage_migrator.models import StorageVersionMigration, storage_state_name
-from storage_migrator.tracking import SkippedResource, track_storage
+from storage_migrator.models import UNKNOWN, storage_state_name
+from storage_migrator.observation import Observations
+from storage_migrator.poll_plan import plan_poll
+from storage_migrator.settings import Settings
+from storage_migrator.tracking import SkippedResource, listed_out, track_storage
 
 __all__ = [
     "ApiServiceInfo",
@@ -64,7 +80,7 @@ class ApiServiceInfo(BaseModel):
 
 
 class InitialRequest(BaseModel):
-    """A migration the initializer creates: one persisted resource in its preferred version."""
+    """A migration the initializer requests: one persisted resource in its preferred version."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -74,7 +90,9 @@ class InitialRequest(BaseModel):
     origin: Origin = Field(
         description="'custom' (a CRD defines it), 'aggregated' (an APIService with a service), else 'built-in'."
     )
-    storage_version_hash: str = Field(description="The storageVersionHash discovery shows now.")
+    storage_version_hash: str = Field(
+        description="The hash it migrates to: the one the API servers agree on, recorded in its StorageState."
+    )
 
     @property
     def group_resource(self) -> str:
@@ -83,15 +101,22 @@ class InitialRequest(BaseModel):
 
 
 class InitPlan(BaseModel):
-    """The initializer's decision: what to create and what was left out."""
+    """The initializer's decision (a detection poll's plan) and its report."""
 
     model_config = ConfigDict(frozen=True)
 
+    plan: DetectionPlan = Field(
+        description=(
+            "What to apply: the detection poll's plan (plan_poll) over the resources selected, "
+            "each StorageState written before its migration request."
+        )
+    )
     requests: list[InitialRequest] = Field(
-        default_factory=list, description="Migrations to create, sorted by group then resource."
+        default_factory=list, description="The migrations the plan requests, sorted by group then resource."
     )
     skipped: list[SkippedResource] = Field(
-        default_factory=list, description="One entry per group-resource left out, sorted by group then resource."
+        default_factory=list,
+        description="One entry per group-resource nothing is requested for, and why; sorted by group then resource.",
     )
     unreachable: list[str] = Field(
         default_factory=list,
@@ -127,82 +152,67 @@ def _origin(entry: DiscoveredResource, *, crds: set[tuple[str, str]], aggregated
 
 
 def plan_initialization(
-    discovered: Sequence[DiscoveredResource],
+    seen: Observations,
     *,
-    crds: Sequence[CrdObservation],
+    settings: Settings,
     apiservices: Sequence[ApiServiceInfo],
-    existing: Sequence[StorageVersionMigration],
-    include: Sequence[str] = (),
-    exclude: Sequence[str] = (),
-    unreachable: Sequence[GroupVersionFailure] = (),
+    now: datetime,
 ) -> InitPlan:
-    """One migration request per persisted resource that is not already pending.
+    """The detection poll's plan over every selected resource, and what it means for each.
 
-    ``unreachable`` are the group versions discovery could not read. On a real
-    cluster that is most often an aggregated API whose server is down (503 from
-    the aggregator); refusing to plan anything then would leave every other
-    resource unmigrated because of, say, a broken metrics-server. They are
-    reported in the plan instead, and the flow ends Failed naming them.
-
-    ``include`` / ``exclude`` name resources as ``<resource>`` (core) or
-    ``<resource>.<group>``. They speak of storage: naming either of two
-    resources that share storage selects (or excludes) that one storage, which
-    is migrated through the name kept.
+    ``settings.include_resources`` / ``exclude_resources`` select the resources
+    as they do for every poll (:func:`storage_migrator.tracking.listed_out`).
+    Group versions discovery could not read (most often an aggregated API whose
+    server is down) do not stop the rest: they are reported, and the flow ends
+    Failed naming them; the states of their resources are left alone, as a poll
+    leaves them.
     """
-    included = {name.strip().lower() for name in include if name.strip()}
-    excluded = {name.strip().lower() for name in exclude if name.strip()}
-    crd_keys = {(crd.group, crd.plural) for crd in crds}
+    plan = plan_poll(seen, settings, now=now)
+    tracking = track_storage(seen.discovered)
+    crd_keys = {(crd.group, crd.plural) for crd in seen.crds}
     aggregated = {(svc.group, svc.version) for svc in apiservices if svc.has_service}
-
-    # One entry per storage, in its preferred version (storage_migrator.tracking).
-    tracking = track_storage(discovered)
+    requested = {a.group_resource: a for a in plan.of_kind(CreateMigration)}
     skipped = dict(tracking.skipped)
-    sharers = tracking.sharers
-    kept = tracking.kept
-
-    # Pending requests of any name of a storage count: seed 003 runs requests
-    # for one resource serially, a second one would only re-do the work.
-    pending: dict[str, str] = {}
-    for migration in sorted(existing, key=lambda m: m.metadata.name or ""):
-        if not is_finished(migration):
-            name = migration.metadata.name or migration.metadata.generate_name or "<unnamed>"
-            pending.setdefault(migration_resource(migration), name)
-
     requests: list[InitialRequest] = []
-    for entry in kept:
-        key = (entry.group, entry.resource)
-        names = sharers[entry.group_resource]
-        if included and not included.intersection(names):
-            skipped[key] = "not in the include list"
-        elif hits := [n for n in names if n in excluded]:
-            as_other = entry.group_resource not in hits
-            skipped[key] = "in the exclude list" + (
-                f" (as {', '.join(hits)}, which shares its storage)" if as_other else ""
-            )
-        elif requested := next((pending[n] for n in names if n in pending), None):
-            skipped[key] = f"already requested: {requested}"
+    for entry in tracking.kept:
+        key, names = (entry.group, entry.resource), tracking.sharers[entry.group_resource]
+        if (listed := listed_out(names, include=settings.include_resources,
+                                 exclude=settings.exclude_resources)) is not None:  # fmt: skip
+            skipped[key] = listed
+        elif (action := requested.get(entry.group_resource)) is not None:
+            requests.append(InitialRequest(group=entry.group, version=entry.version, resource=entry.resource,
+                                           origin=_origin(entry, crds=crd_keys, aggregated=aggregated),
+                                           storage_version_hash=action.target_hash))  # fmt: skip
         else:
-            requests.append(
-                InitialRequest(
-                    group=entry.group,
-                    version=entry.version,
-                    resource=entry.resource,
-                    origin=_origin(entry, crds=crd_keys, aggregated=aggregated),
-                    storage_version_hash=entry.storage_version_hash,
-                )
-            )
-
+            skipped[key] = _not_requested(entry.group_resource, names, plan, seen)
     # A CRD that discovery does not serve (not yet established) cannot be
     # migrated now: say so rather than drop it silently.
-    for crd in crds:
+    for crd in seen.crds:
         if (crd.group, crd.plural) not in tracking.served:
             skipped.setdefault((crd.group, crd.plural), "defined by a CRD but not served by discovery")
-
     return InitPlan(
+        plan=plan,
         requests=requests,
-        unreachable=sorted(unreachable_reason(f) for f in unreachable),
+        unreachable=sorted(unreachable_reason(f) for f in seen.discovery_failures),
         skipped=[
             SkippedResource(group_resource=storage_state_name(group, resource), reason=reason)
             for (group, resource), reason in sorted(skipped.items())
         ],
     )
+
+
+def _not_requested(name: str, names: Sequence[str], plan: DetectionPlan, seen: Observations) -> str:
+    """Why the poll requests nothing for a tracked resource, from its planned state write."""
+    write = next((a for a in plan.actions if isinstance(a, CreateState | UpdateState) and a.name == name), None)
+    if write is None:  # pragma: no cover - plan_detection writes every tracked resource's state
+        return "not planned"
+    if write.persisted == [write.current_hash]:
+        return f"already migrated: every object is stored in {write.current_hash} (its StorageState says so)"
+    # Seed 003 runs requests for one resource one after another: a pending one (anyone's) is waited for.
+    deleted = {a.name for a in plan.of_kind(DeleteMigration)}
+    pending = sorted(m.metadata.name or "" for m in seen.migrations
+                     if migration_resource(m) in names and not is_finished(m) and m.metadata.name not in deleted)  # fmt: skip
+    if pending:
+        return f"already requested: {pending[0]}"
+    persisted = "" if write.persisted == [UNKNOWN] else f" (persisted {write.persisted})"
+    return f"no migration yet{persisted}: {write.reason}"

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 from storage_migrator.agreement import AgreementSource
 from storage_migrator.apiservers import observe_agreement
 from storage_migrator.crds import CrdObservation, read_crds
-from storage_migrator.kube.discovery import DiscoveredResource, discover
+from storage_migrator.kube.discovery import DiscoveredResource, GroupVersionFailure, discover
 from storage_migrator.migrations import list_migrations
 from storage_migrator.models import StorageState, StorageVersionMigration
 from storage_migrator.reporters import ReporterHash
@@ -31,7 +31,10 @@ class Observations(BaseModel):
     """What one poll saw: discovery, StorageStates, migrations and CRDs (no object data)."""
 
     discovered: list[DiscoveredResource]
-    failed_group_versions: list[str] = Field(default_factory=list)
+    discovery_failures: list[GroupVersionFailure] = Field(
+        default_factory=list,
+        description="Group versions discovery could not read (an aggregated API down answers 503): code and message.",
+    )
     states: list[StorageState]
     migrations: list[StorageVersionMigration]
     crds: list[CrdObservation]
@@ -46,6 +49,11 @@ class Observations(BaseModel):
         ),
     )
 
+    @property
+    def failed_group_versions(self) -> list[str]:
+        """The group versions discovery could not read: their resources are left for the next poll."""
+        return [f.group_version for f in self.discovery_failures]
+
 
 def observe_cluster(
     api: ApiClient, settings: Settings, *, connect: Callable[[str], ApiClient] | None = None
@@ -59,7 +67,7 @@ def observe_cluster(
     agreement = observe_agreement(api, settings, found.resources, connect=connect)
     return Observations(
         discovered=found.resources,
-        failed_group_versions=[f.group_version for f in found.failed],
+        discovery_failures=list(found.failed),
         states=list_states(api),
         migrations=list_migrations(api),
         crds=crds,

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from storage_migrator.detection_plan import CreateMigration, UpdateState
 from storage_migrator.models import StorageState
 
-__all__ = ["HashChanged", "MigrationRequested", "PollChanges", "StateRefined", "update_changes"]
+__all__ = ["HashChanged", "MigrationRequested", "PollChanges", "StateRefined", "is_heartbeat", "update_changes"]
 
 
 class HashChanged(BaseModel):
@@ -83,3 +83,19 @@ def update_changes(action: UpdateState, old: StorageState | None) -> tuple[HashC
         refined = StateRefined(state=action.name, group_resource=group_resource, current_hash=action.current_hash,
                                previous_persisted=before, migration=action.refined_by)  # fmt: skip
     return changed, refined
+
+
+def is_heartbeat(action: UpdateState, old: StorageState | None) -> bool:
+    """Whether this update writes nothing but heartbeats: same hashes, persisted list, reporters and
+    annotations as the object read (seed 000: "the controller simply updates the status.lastHeartbeatTime
+    and is done"). What ``storage-migrator plan`` counts rather than lists: nothing to do."""
+    if old is None:
+        return False
+    status = old.status
+    reporters = [(e.reporter_id, e.current_storage_version_hash) for e in status.current_storage_version_hashes]
+    return (
+        action.current_hash == status.current_storage_version_hash
+        and action.persisted == list(status.persisted_storage_version_hashes)
+        and action.annotations == dict(old.metadata.annotations or {})
+        and [(e.reporter_id, e.current_storage_version_hash) for e in action.current_hashes] == reporters
+    )

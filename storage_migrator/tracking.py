@@ -26,6 +26,7 @@ from storage_migrator.models import storage_state_name
 __all__ = [
     "SkippedResource",
     "StorageTracking",
+    "listed_out",
     "select_resources",
     "track_storage",
     "tracked_resources",
@@ -125,19 +126,40 @@ def tracked_resources(
     return tracking.kept, tracking.skipped_resources()
 
 
+def listed_out(names: Sequence[str], *, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> str | None:
+    """Why the include / exclude lists leave out the storage known by ``names`` (the kept name
+    first, then its sharers), or None when they keep it.
+
+    The lists speak of storage (DESIGN 4.7): naming either of two resources that
+    share one (core ``events`` and ``events.events.k8s.io``) selects, or excludes,
+    that one storage. Names are ``<resource>`` (core) or ``<resource>.<group>``,
+    matched without case; an empty include list means all; exclude applies after it.
+    """
+    included = {n.strip().lower() for n in include if n.strip()}
+    excluded = {n.strip().lower() for n in exclude if n.strip()}
+    if included and not included.intersection(names):
+        return "not in the include list"
+    if hits := [n for n in names if n in excluded]:
+        as_other = names[0] not in hits
+        return "in the exclude list" + (f" (as {', '.join(hits)}, which shares its storage)" if as_other else "")
+    return None
+
+
 def select_resources(
     discovered: Sequence[DiscoveredResource], *, include: Sequence[str] = (), exclude: Sequence[str] = ()
 ) -> list[DiscoveredResource]:
     """The entries an operator asked to track (DESIGN 5: resources to include / exclude).
 
-    Names are ``<resource>`` (core) or ``<resource>.<group>``; an empty include
-    list means all; exclude applies after include.
+    One rule for detection, ``initialize`` and ``rbac`` (:func:`listed_out`): the
+    lists speak of storage, so every name of a shared storage follows the name given.
+    A sub-resource follows its parent.
     """
-    included = {n.strip().lower() for n in include if n.strip()}
-    excluded = {n.strip().lower() for n in exclude if n.strip()}
+    if not any(n.strip() for n in [*include, *exclude]):
+        return list(discovered)
+    names_of = {name: names for names in track_storage(discovered).sharers.values() for name in names}
     out = []
     for entry in discovered:
         name = storage_state_name(entry.group, entry.resource.split("/", 1)[0])
-        if (not included or name in included) and name not in excluded:
+        if listed_out(names_of.get(name, [name]), include=include, exclude=exclude) is None:
             out.append(entry)
     return out

@@ -3,7 +3,8 @@
 The plan itself is `storage_migrator.detection.plan_detection`, a pure
 function. Applying is best effort per action: a write that lost a race (409)
 or hit a transient error is reported and left to the next poll, which plans
-again from what it then observes (seed 000's controller is level-triggered).
+again from what it then observes (seed 000's controller is level-triggered);
+a request whose StorageState was not written is held back with it (issue 24).
 """
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ from __future__ import annotations
 import contextlib
 from datetime import UTC, datetime
 
+from kubernetes.client import ApiClient
 from prefect import get_run_logger, task
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from storage_migrator.crds import CRDS
 from storage_migrator.detection import (
+    DETECTION_LABEL,
+    DETECTION_LABEL_VALUE,
     SETTLE_ANNOTATION,
     SINCE_ANNOTATION,
+    Action,
     CreateMigration,
     CreateState,
     DeleteMigration,
@@ -46,7 +51,6 @@ from tasks.common import PRIVATE, api_client, connected
 __all__ = ["Applied", "Observations", "apply_plan", "observe"]
 
 OUR_ANNOTATIONS = (SINCE_ANNOTATION, SETTLE_ANNOTATION)
-DETECTION_LABELS = {"migration.k8s.io/requested-by": "detection"}
 
 
 class Applied(BaseModel):
@@ -91,52 +95,32 @@ def _ours(annotations: dict[str, str] | None) -> dict[str, str]:
 
 
 @task(name="apply-detection-plan", **PRIVATE)
-def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageState]) -> Applied:
+def apply_plan(
+    settings: Settings, plan: DetectionPlan, states: list[StorageState], *, requested_by: str = DETECTION_LABEL_VALUE
+) -> Applied:
+    """The actions in plan order; requests are labelled ``requested-by=<requested_by>`` (who applied the plan).
+
+    A request whose StorageState write failed in this poll is not made (issue 24): the
+    migration must start after its state recorded the hash, or it can never refine it
+    (seed 000), and a lost race means another poll made the state and its request."""
     logger = get_run_logger()
     by_name = {s.metadata.name: s for s in states}
     applied = Applied()
+    unwritten: set[str] = set()
     ledger = writer_from_settings(settings)  # issue 12: in this task, no task run of its own
     with connected(settings) as api:
         for action in plan.actions:
-            change: StateChange | None = None
+            if isinstance(action, CreateMigration) and action.group_resource in unwritten:
+                applied.errors.append(f"{action.kind}: not requested for {action.group_resource}: its "
+                                      f"{STATES_KIND_NAME} write failed (the next poll plans again)")  # fmt: skip
+                logger.warning("%s", applied.errors[-1])
+                continue
             try:
-                if isinstance(action, CreateState):
-                    create_state(api, name=action.name, group=action.group, resource=action.resource,
-                                 current_hash=action.current_hash, persisted=action.persisted,
-                                 heartbeat=action.heartbeat, annotations=_ours(action.annotations),
-                                 current_hashes=action.current_hashes)  # fmt: skip
-                    done = f"created {STATES_KIND_NAME}/{action.name}: {action.reason}"
-                    change = _state_change(action, None)
-                elif isinstance(action, UpdateState):
-                    old = by_name.get(action.name)
-                    write_state(api, name=action.name, resource_version=action.resource_version,
-                                current_hash=action.current_hash, persisted=action.persisted,
-                                heartbeat=action.heartbeat, annotations=_ours(action.annotations),
-                                old_annotations=_ours(old.metadata.annotations if old else None),
-                                current_hashes=action.current_hashes)  # fmt: skip
-                    applied.changes.add_update(action, old)
-                    done = f"updated {STATES_KIND_NAME}/{action.name}: {action.reason}"
-                    change = _state_change(action, old)
-                elif isinstance(action, DeleteMigration):
-                    with contextlib.suppress(NotFound):  # already gone: what we wanted
-                        delete_object(api, MIGRATIONS, name=action.name, uid=action.uid)
-                    done = f"deleted {MIGRATIONS_KIND_NAME}/{action.name}: {action.reason}"
-                elif isinstance(action, CreateMigration):
-                    request = new_storage_version_migration(group=action.group, version=action.version,
-                                                            resource=action.resource, labels=DETECTION_LABELS)  # fmt: skip
-                    created = create_migration(api, request)
-                    applied.created_migrations.append(created.metadata.name or "")
-                    applied.changes.add_request(action, created.metadata.name or "")
-                    done = f"requested {MIGRATIONS_KIND_NAME}/{created.metadata.name}: {action.reason}"
-                elif isinstance(action, TrimStoredVersions):
-                    patch_object(api, CRDS, name=action.crd_name, subresource="status",
-                                 resource_version=action.resource_version,
-                                 patch={"status": {"storedVersions": action.stored_versions}})  # fmt: skip
-                    done = f"trimmed customresourcedefinition {action.crd_name} storedVersions: {action.reason}"
-                else:  # pragma: no cover - the union is closed
-                    raise TypeError(f"unknown action {action!r}")
+                done, change = _apply_one(api, action, by_name, applied, requested_by=requested_by)
             except KubeError as exc:
                 applied.errors.append(f"{action.kind}: {exc}")
+                if isinstance(action, CreateState | UpdateState):
+                    unwritten.add(action.name)
                 if isinstance(exc, Forbidden) and exc.permission:
                     # Issue 14: a missing permission, named with its fix (str(exc)); it fails the poll.
                     applied.denied.append(f"{action.kind}: {exc}")
@@ -152,3 +136,40 @@ def apply_plan(settings: Settings, plan: DetectionPlan, states: list[StorageStat
             elif isinstance(action, UpdateState):
                 applied.heartbeats += 1
     return applied
+
+
+def _apply_one(
+    api: ApiClient, action: Action, by_name: dict[str | None, StorageState], applied: Applied, *, requested_by: str
+) -> tuple[str, StateChange | None]:
+    """One action against the API: what was done, for the log, and its ledger row (state changes only)."""
+    if isinstance(action, CreateState):
+        create_state(api, name=action.name, group=action.group, resource=action.resource,
+                     current_hash=action.current_hash, persisted=action.persisted,
+                     heartbeat=action.heartbeat, annotations=_ours(action.annotations),
+                     current_hashes=action.current_hashes)  # fmt: skip
+        return f"created {STATES_KIND_NAME}/{action.name}: {action.reason}", _state_change(action, None)
+    if isinstance(action, UpdateState):
+        old = by_name.get(action.name)
+        write_state(api, name=action.name, resource_version=action.resource_version,
+                    current_hash=action.current_hash, persisted=action.persisted,
+                    heartbeat=action.heartbeat, annotations=_ours(action.annotations),
+                    old_annotations=_ours(old.metadata.annotations if old else None),
+                    current_hashes=action.current_hashes)  # fmt: skip
+        applied.changes.add_update(action, old)
+        return f"updated {STATES_KIND_NAME}/{action.name}: {action.reason}", _state_change(action, old)
+    if isinstance(action, DeleteMigration):
+        with contextlib.suppress(NotFound):  # already gone: what we wanted
+            delete_object(api, MIGRATIONS, name=action.name, uid=action.uid)
+        return f"deleted {MIGRATIONS_KIND_NAME}/{action.name}: {action.reason}", None
+    if isinstance(action, CreateMigration):
+        request = new_storage_version_migration(group=action.group, version=action.version, resource=action.resource,
+                                                labels={DETECTION_LABEL: requested_by})  # fmt: skip
+        created = create_migration(api, request)
+        applied.created_migrations.append(created.metadata.name or "")
+        applied.changes.add_request(action, created.metadata.name or "")
+        return f"requested {MIGRATIONS_KIND_NAME}/{created.metadata.name}: {action.reason}", None
+    if isinstance(action, TrimStoredVersions):
+        patch_object(api, CRDS, name=action.crd_name, subresource="status", resource_version=action.resource_version,
+                     patch={"status": {"storedVersions": action.stored_versions}})  # fmt: skip
+        return f"trimmed customresourcedefinition {action.crd_name} storedVersions: {action.reason}", None
+    raise TypeError(f"unknown action {action!r}")  # pragma: no cover - the union is closed

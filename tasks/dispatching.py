@@ -1,9 +1,9 @@
 """Tasks of the dispatcher and the initializer: read what there is, create requests.
 
 They read and create StorageVersionMigration objects (our own, holding no data
-of migrated objects) and read discovery, CRDs and APIServices; the decisions
-are the pure planners of `storage_migrator.dispatch` and
-`storage_migrator.initializer`.
+of migrated objects) and read discovery and APIServices; the decisions are the
+pure planners of `storage_migrator.dispatch` and `storage_migrator.initializer`
+(whose plan the detection poll's task applies, tasks/detecting.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import contextlib
 
 from prefect import task
 
-from storage_migrator.crds import read_crds
-from storage_migrator.initializer import ApiServiceInfo, InitialRequest, InitPlan, plan_initialization
+from storage_migrator.initializer import ApiServiceInfo
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import AlreadyExists
 from storage_migrator.kube.listing import iterate_items
@@ -33,32 +32,11 @@ def read_migrations(settings: Settings) -> list[StorageVersionMigration]:
         return list_migrations(api)
 
 
-@task(name="plan-initialization", **PRIVATE)
-def plan_initial_requests(settings: Settings, *, include: list[str], exclude: list[str]) -> InitPlan:
-    """Discovery, CRDs, APIServices and requests, then the plan (which names what discovery missed)."""
+@task(name="read-apiservices", **PRIVATE)
+def read_apiservices(settings: Settings) -> list[ApiServiceInfo]:
+    """Which group versions an aggregated API server serves (seed 002): the origin `initialize` reports."""
     with connected(settings) as api:
-        found = discover(api, timeout=settings.request_timeout_seconds)
-        crds = read_crds(api)
-        apiservices = [ApiServiceInfo.from_object(o) for o in iterate_items(api, APISERVICES, limit=500)]
-        existing = list_migrations(api)
-    return plan_initialization(found.resources, crds=crds, apiservices=apiservices, existing=existing,
-                               include=include, exclude=exclude, unreachable=found.failed)  # fmt: skip
-
-
-@task(name="create-requests", **PRIVATE)
-def create_requests(settings: Settings, requests: list[InitialRequest]) -> list[str]:
-    """One StorageVersionMigration per request, named `<resource>.<group>-xxxxx` by the server."""
-    names = []
-    with connected(settings) as api:
-        for request in requests:
-            created = create_migration(
-                api,
-                new_storage_version_migration(group=request.group, version=request.version,
-                                              resource=request.resource,
-                                              labels={"migration.k8s.io/requested-by": "initialize"}),
-            )  # fmt: skip
-            names.append(created.metadata.name or "")
-    return names
+        return [ApiServiceInfo.from_object(o) for o in iterate_items(api, APISERVICES, limit=500)]
 
 
 @task(name="resolve-targets", **PRIVATE)

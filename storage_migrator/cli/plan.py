@@ -25,6 +25,7 @@ from storage_migrator.detection_plan import (
 )
 from storage_migrator.models import MIGRATIONS_KIND_NAME, STATES_KIND_NAME
 from storage_migrator.observation import observe_cluster
+from storage_migrator.poll_changes import is_heartbeat
 from storage_migrator.poll_plan import plan_poll
 
 __all__ = ["command"]
@@ -46,7 +47,7 @@ def target(action: Action) -> str:
 def command(ctx: typer.Context, output: Output = OutputFormat.table) -> None:
     """What the next detection poll would do, without doing it: its actions, in order.
 
-    The same observation and decisions as the detect-storage-changes poll (seed 000; retention of finished requests), with the same STORAGE_MIGRATOR_* settings (include/exclude, settle delay, poll period, retention); nothing is written. Exit codes: 0 done; 1 the cluster could not be read.
+    The table lists the actions that change something and counts the StorageStates whose heartbeat alone is written ("nothing to do" when that is all); -o json / yaml list every action. The same observation and decisions as the detect-storage-changes poll (seed 000; retention of finished requests), with the same STORAGE_MIGRATOR_* settings (include/exclude, settle delay, poll period, retention); nothing is written. Exit codes: 0 done; 1 the cluster could not be read.
     """
     settings = settings_of(ctx)
     with kube_api(settings) as api:
@@ -57,6 +58,17 @@ def command(ctx: typer.Context, output: Output = OutputFormat.table) -> None:
     for server, why in seen.unheard.items():
         print(f"warning: API server {server} not heard: {why}", file=sys.stderr)
     plan = plan_poll(seen, settings, now=datetime.now(UTC))
-    rows = [[a.kind, target(a), a.reason] for a in plan.actions]
+    states = {s.metadata.name: s for s in seen.states}
+    # The table is for people: a write of nothing but heartbeats is counted, not listed (JSON / YAML list it).
+    beats = {id(a) for a in plan.of_kind(UpdateState) if is_heartbeat(a, states.get(a.name))}
+    rows = [[a.kind, target(a), a.reason] for a in plan.actions if id(a) not in beats]
     emit(output, [a.model_dump(mode="json") for a in plan.actions],
-         lambda: render_table(["ACTION", "OBJECT", "REASON"], rows) if rows else "nothing to do")  # fmt: skip
+         lambda: _table(rows, heartbeats=len(beats)))  # fmt: skip
+
+
+def _table(rows: list[list[str]], *, heartbeats: int) -> str:
+    """The actions that change something, then the count of heartbeat-only StorageState writes."""
+    beats = f"{heartbeats} StorageState(s) unchanged: heartbeat only" if heartbeats else ""
+    if not rows:
+        return "nothing to do" + (f" ({beats})" if beats else "")
+    return render_table(["ACTION", "OBJECT", "REASON"], rows) + (f"\n{beats}" if beats else "")

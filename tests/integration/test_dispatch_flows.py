@@ -14,10 +14,12 @@ from kubernetes import config as k8s_config
 
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
+from storage_migrator.dispatch import migration_resource
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migrations import list_migrations, read_migration
 from storage_migrator.models import is_condition_true
 from storage_migrator.settings import Settings
+from storage_migrator.states import list_states
 
 pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")
 GROUP, VERSION, PLURAL = "migration.k8s.io", "v1alpha1", "storageversionmigrations"
@@ -117,11 +119,13 @@ def test_a_request_made_with_kubectl_apply_is_run_and_kubectl_wait_sees_it(
 
 
 def test_initialize_requests_every_persisted_resource_and_says_what_it_skipped(
-    kubesim: Any, api: k8s.ApiClient, cleanup_requests: None
+    kubesim: Any, clean_slate: k8s.ApiClient
 ) -> None:
     """seed 002 "Alpha workflow": requests for every resource from discovery, custom
     ones from CRDs; sub-resources, resources without a storageVersionHash and the
-    second of a pair that "share the same storage" are left out."""
+    second of a pair that "share the same storage" are left out. Issue 24: each
+    request comes after the StorageState that records its hash (seed 000), so that
+    the migration refines it."""
     from flows.initialize import initialize
 
     summary = initialize(start_migrations=False, kubeconfig=kubesim.kubeconfig)
@@ -136,23 +140,39 @@ def test_initialize_requests_every_persisted_resource_and_says_what_it_skipped(
     assert "shares storage" in skipped["events.events.k8s.io"]
     assert "no storageVersionHash" in skipped["tokenreviews.authentication.k8s.io"]
     assert all(m.metadata.labels == {"migration.k8s.io/requested-by": "initialize"} for m in created.values())
+    states = {s.metadata.name: s for s in list_states(ours)}
+    for migration in created.values():
+        state = states[migration_resource(migration)]
+        assert state.status.persisted_storage_version_hashes == ["Unknown"]
+        # etcd's revisions order the writes: the state first, then its request.
+        assert int(state.metadata.resource_version or 0) < int(migration.metadata.resource_version or 0)
 
     again = initialize(start_migrations=False, kubeconfig=kubesim.kubeconfig)
     assert again.created == []
     assert "already requested" in {s.group_resource: s.reason for s in again.skipped}["configmaps"]
 
 
-def test_initialize_then_runs_what_it_requested(kubesim: Any, namespace: str, api: k8s.ApiClient,
-                                                cleanup_requests: None) -> None:  # fmt: skip
+def test_initialize_then_runs_what_it_requested(kubesim: Any, namespace: str, clean_slate: k8s.ApiClient,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The run-migrations that initialize starts ends with a detection poll, which refines the
+    state initialize wrote (issue 24): no second request."""
     from flows.initialize import initialize
 
-    k8s.CoreV1Api(api).create_namespaced_config_map(namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="x")))
+    # The settings the runs initialize starts read (run-migrations' closing poll follows the include list).
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "configmaps")
+    monkeypatch.setenv("STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND", "2000")
+    k8s.CoreV1Api(clean_slate).create_namespaced_config_map(
+        namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="x"))
+    )
     kubesim.admin.set_storage_version("configmaps", "v2")
     summary = initialize(include=["configmaps"], kubeconfig=kubesim.kubeconfig)
     (name,) = summary.created
     ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
     assert is_condition_true(read_migration(ours, name).status.conditions, "Succeeded")
     assert stored_versions(kubesim, f"/registry/configmaps/{namespace}/") == {"v2"}
+    assert [m.metadata.name for m in list_migrations(ours)] == [name]
+    (state,) = list_states(ours)
+    assert state.status.persisted_storage_version_hashes == [state.status.current_storage_version_hash]
 
 
 @pytest.fixture
@@ -201,7 +221,7 @@ def test_an_aggregated_api_that_is_down_answers_503_as_on_a_real_cluster(
 
 
 def test_initialize_with_an_aggregated_api_down_requests_the_rest_and_fails_naming_it(
-    kubesim: Any, api: k8s.ApiClient, cleanup_requests: None, broken_metrics_api: str
+    kubesim: Any, clean_slate: k8s.ApiClient, broken_metrics_api: str
 ) -> None:
     """A broken aggregated API must not leave every other resource unmigrated: the
     run requests the rest, then ends Failed naming what it could not see and what to do."""

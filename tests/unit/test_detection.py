@@ -420,6 +420,26 @@ def test_hash_change_deletes_our_pending_migrations(
     assert [(d.name, d.uid) for d in p.of_kind(DeleteMigration)] == [(n, f"uid-{n}") for n in deleted]
 
 
+def by_initialize(migration_: StorageVersionMigration) -> StorageVersionMigration:
+    """The same request as `initialize` labels it (issue 24: it applies this planner's plan)."""
+    migration_.metadata.labels = {DETECTION_LABEL: "initialize"}
+    return migration_
+
+
+def test_initializes_requests_are_the_planners_own() -> None:
+    """Issue 24: `initialize` is a detection poll, so its pending requests are cancelled on a
+    change like detection's (seed 000: "stops any ongoing migration"), and its failures count
+    in the back-off; a request of anyone else is still kept."""
+    pending = by_initialize(migration("init-pending"))
+    p = change_plan([pending, migration("by-kubectl", ours=False)], NO_SETTLE)
+    assert [d.name for d in p.of_kind(DeleteMigration)] == ["init-pending"]
+    assert not p.creates_migrations, "the kubectl request migrates to the new hash: no second one"
+    assert change_plan([pending], NO_SETTLE).of_kind(CreateMigration)[0].target_hash == B
+    failed = by_initialize(migration("f", phase="Failed", target=B, started=T0 + MIN, finished=T0 + 2 * MIN))
+    assert not plan([disc(hash_=B)], [state(B, [A, B], since=T0)], [failed], now=T0 + 3 * MIN).creates_migrations
+    assert plan([disc(hash_=B)], [state(B, [A, B], since=T0)], [failed], now=T0 + 12 * MIN).creates_migrations
+
+
 @pytest.mark.parametrize(
     ("s", "migrations", "creates"),
     [

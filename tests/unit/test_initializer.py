@@ -1,16 +1,23 @@
-"""What the initialize flow requests (seed 002 "Alpha workflow", DESIGN 4.7), from recorded discovery."""
+"""What the initialize flow plans and reports (issue 24; seed 002 "Alpha workflow", DESIGN 4.7), from recorded discovery.
+
+Issue 24: the first look at a resource is one path. ``plan_initialization`` is
+the detection poll's plan (seed 000) with a report; these tables check both the
+report (seed 002's rules) and that the plan is the poll's, StorageState first.
+"""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from storage_migrator.crds import CrdObservation
+from storage_migrator.detection import SINCE_ANNOTATION, format_time
+from storage_migrator.detection_plan import CreateMigration, CreateState, DeleteMigration, UpdateState
 from storage_migrator.initializer import (
     ApiServiceInfo,
     InitialRequest,
@@ -23,7 +30,22 @@ from storage_migrator.kube.discovery import (
     GroupVersionFailure,
     parse_resource_list,
 )
-from storage_migrator.models import StorageVersionMigration, new_storage_version_migration, set_condition
+from storage_migrator.models import (
+    UNKNOWN,
+    GroupResource,
+    ObjectMeta,
+    StorageState,
+    StorageStateSpec,
+    StorageStateStatus,
+    StorageVersionMigration,
+    new_storage_version_migration,
+    set_condition,
+)
+from storage_migrator.observation import Observations
+from storage_migrator.poll_changes import is_heartbeat
+from storage_migrator.poll_plan import plan_poll
+from storage_migrator.reporters import ReporterHash
+from storage_migrator.settings import Settings
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 EVENTS_HASH = "r2yiGXH7wu8="  # reference/README: core events and events.events.k8s.io report the same hash
@@ -124,19 +146,46 @@ APISERVICES = [
 ]
 
 
+def observed(
+    *,
+    discovered: list[DiscoveredResource] | None = None,
+    crds: list[CrdObservation] | None = None,
+    states: list[StorageState] | None = None,
+    existing: list[StorageVersionMigration] | None = None,
+    reporters: list[ReporterHash] | None = None,
+    failures: list[GroupVersionFailure] | None = None,
+) -> Observations:
+    """What the poll of initialize sees: recorded discovery, the CRD of widgets, nothing else by default."""
+    crd = CrdObservation.from_object(CRD_OBJECT)
+    return Observations(
+        discovered=realistic_discovery() if discovered is None else discovered,
+        discovery_failures=failures or [],
+        states=states or [],
+        migrations=existing or [],
+        crds=([crd] if crd else []) if crds is None else crds,
+        reporters=reporters or [],
+    )
+
+
+def settings_of(include: tuple[str, ...] = (), exclude: tuple[str, ...] = (), *, settle: float = 60) -> Settings:
+    return Settings(include_resources=list(include), exclude_resources=list(exclude), settle_seconds=settle)
+
+
 def plan(
     *,
     existing: list[StorageVersionMigration] | None = None,
+    states: list[StorageState] | None = None,
     include: tuple[str, ...] = (),
     exclude: tuple[str, ...] = (),
+    settle: float = 60,
+    seen: Observations | None = None,
+    apiservices: list[ApiServiceInfo] | None = None,
 ) -> InitPlan:
     return plan_initialization(
-        realistic_discovery(),
-        crds=[crd] if (crd := CrdObservation.from_object(CRD_OBJECT)) else [],
-        apiservices=[ApiServiceInfo.from_object(obj) for obj in APISERVICES],
-        existing=existing or [],
-        include=include,
-        exclude=exclude,
+        seen or observed(existing=existing, states=states),
+        settings=settings_of(include, exclude, settle=settle),
+        apiservices=[ApiServiceInfo.from_object(obj) for obj in APISERVICES] if apiservices is None else apiservices,
+        now=NOW,
     )
 
 
@@ -394,10 +443,16 @@ def test_already_requested(
             },
         ),
         (
-            "filters do not hide structural reasons: an excluded sub-resource is still a sub-resource",
+            "filters do not hide structural reasons: an excluded virtual resource is still not persisted",
             (),
-            ("pods/status",),
-            {"pods/status": "skip sub-resource: stored with its parent resource", "pods": "request built-in v1"},
+            ("bindings",),
+            {"bindings": "skip not persisted: no storageVersionHash", "pods": "request built-in v1"},
+        ),
+        (
+            "a sub-resource follows its parent: excluding pods leaves pods/status a sub-resource",
+            (),
+            ("pods",),
+            {"pods/status": "skip sub-resource: stored with its parent resource", "pods": "skip in the exclude list"},
         ),
     ],
     ids=lambda value: value if isinstance(value, str) else "",
@@ -418,7 +473,7 @@ def test_crd_without_discovery_entry_is_reported() -> None:
     """A CRD that is not served yet (not established) has no hash to migrate to: said, not dropped silently."""
     gadgets = CrdObservation(name="gadgets.bars.example.com", group="bars.example.com", plural="gadgets",
                              kind="Gadget", storage_version="v1", resource_version="1")  # fmt: skip
-    result = plan_initialization(realistic_discovery(), crds=[gadgets], apiservices=[], existing=[])
+    result = plan(seen=observed(crds=[gadgets]), apiservices=[])
     assert outcome(result, "gadgets.bars.example.com") == "skip defined by a CRD but not served by discovery"
     # Without the CRD and APIService lists, widgets and flunders are counted as built-in.
     assert outcome(result, "widgets.bars.example.com") == "request built-in v2"
@@ -473,10 +528,10 @@ def test_aggregated_means_the_requested_group_version_is_served_by_a_service() -
         ApiServiceInfo(group="wardle.example.com", version="v1", has_service=False),
         ApiServiceInfo(group="wardle.example.com", version="v1beta1", has_service=True),
     ]
-    result = plan_initialization(discovered, crds=[], apiservices=services, existing=[])
+    result = plan(seen=observed(discovered=discovered, crds=[]), apiservices=services)
     assert outcome(result, "flunders.wardle.example.com") == "request built-in v1"
     flipped = [ApiServiceInfo(group="wardle.example.com", version="v1", has_service=True)]
-    result = plan_initialization(discovered, crds=[], apiservices=flipped, existing=[])
+    result = plan(seen=observed(discovered=discovered, crds=[]), apiservices=flipped)
     assert outcome(result, "flunders.wardle.example.com") == "request aggregated v1"
 
 
@@ -488,11 +543,241 @@ def test_a_group_version_discovery_could_not_read_is_reported_and_the_rest_reque
     down = GroupVersionFailure(
         group_version="metrics.k8s.io/v1beta1", code=503, reason="ServiceUnavailable", message="service unavailable"
     )
-    complete = plan_initialization(realistic_discovery(), crds=[], apiservices=[], existing=[])
-    partial = plan_initialization(realistic_discovery(), crds=[], apiservices=[], existing=[], unreachable=[down])
+    complete = plan(seen=observed(crds=[]), apiservices=[])
+    partial = plan(seen=observed(crds=[], failures=[down]), apiservices=[])
     assert complete.complete and not partial.complete
     assert partial.requests == complete.requests
+    assert partial.plan == complete.plan
     assert partial.skipped == complete.skipped
     (missed,) = partial.unreachable
     assert missed.startswith("metrics.k8s.io/v1beta1: discovery answered 503 ServiceUnavailable")
     assert "run initialize again" in missed
+
+
+# ----- issue 24: the first look at a resource is the detection poll's ---------------------------
+
+MIN = timedelta(minutes=1)
+
+
+def hash_of(group_resource: str) -> str:
+    return next(r.storage_version_hash for r in realistic_discovery() if r.group_resource == group_resource)
+
+
+SECRETS = hash_of("secrets")
+OLD = "oldHash123="
+
+
+def known(
+    current: str | None, persisted: list[str], *, since: datetime = NOW - 5 * MIN, name: str = "secrets", rv: str = "5"
+) -> StorageState:
+    """A StorageState as a poll wrote it, one heartbeat ago."""
+    return StorageState(
+        metadata=ObjectMeta(name=name, resource_version=rv, annotations={SINCE_ANNOTATION: format_time(since)}),
+        spec=StorageStateSpec(resource=GroupResource(group="", resource=name)),
+        status=StorageStateStatus(
+            persisted_storage_version_hashes=persisted,
+            current_storage_version_hash=current,
+            last_heartbeat_time=NOW - MIN,
+        ),
+    )
+
+
+def succeeded(
+    name: str, resource: str, *, target: str, started: datetime, requested_by: str = "initialize"
+) -> StorageVersionMigration:
+    migration = new_storage_version_migration(
+        group="", version="v1", resource=resource, name=name, labels={"migration.k8s.io/requested-by": requested_by}
+    )
+    migration.status.target_storage_version_hash = target
+    migration.status.started_at = started
+    migration.status.finished_at = started + MIN
+    migration.status.conditions = set_condition(
+        migration.status.conditions, condition_type="Succeeded", status="True", now=started + MIN
+    )
+    return migration
+
+
+def test_the_plan_is_the_detection_polls() -> None:
+    """Issue 24: "Make `initialize` a detection poll over every resource ... one code path"."""
+    seen = observed(existing=[svm("secrets-abcde", "secrets")], states=[known(SECRETS, [SECRETS], name="configmaps")])
+    settings = settings_of()
+    assert plan_initialization(seen, settings=settings, apiservices=[], now=NOW).plan == plan_poll(
+        seen, settings, now=NOW
+    )
+
+
+def test_every_request_comes_after_the_state_that_records_its_hash() -> None:
+    """Seed 000: a new resource gets its StorageState, persisted ["Unknown"] and the current hash
+    recorded now, and a migration; the state is written first, so the migration starts after the
+    state recorded the hash, and its success refines the state."""
+    result = plan()
+    actions = result.plan.actions
+    created = {a.name: (i, a) for i, a in enumerate(actions) if isinstance(a, CreateState)}
+    assert [r.group_resource for r in result.requests] == [
+        a.group_resource for a in result.plan.of_kind(CreateMigration)
+    ]
+    for i, request in enumerate(actions):
+        if isinstance(request, CreateMigration):
+            at, state = created[request.group_resource]
+            assert at < i
+            assert (state.current_hash, state.persisted) == (request.target_hash, [UNKNOWN])
+            assert state.annotations == {SINCE_ANNOTATION: format_time(NOW)}
+    assert len(result.requests) == len(created), "one state per request, no state without one on a first install"
+
+
+@pytest.mark.parametrize(
+    ("rule", "states", "existing", "settle", "expected"),
+    [
+        (
+            "a resource a poll (or an earlier initialize) already refined is not migrated again",
+            [known(SECRETS, [SECRETS])],
+            [],
+            60,
+            f"skip already migrated: every object is stored in {SECRETS} (its StorageState says so)",
+        ),
+        (
+            "an earlier initialize's request still pending is waited for, not doubled (seed 003: one at a time)",
+            [known(SECRETS, [UNKNOWN])],
+            [svm("secrets-abcde", "secrets")],
+            60,
+            "skip already requested: secrets-abcde",
+        ),
+        (
+            "seed 000: a migration refines a state only if it started after the state recorded the hash; "
+            "one that started before proves nothing: a new one is requested",
+            [known(SECRETS, [UNKNOWN], since=NOW - MIN)],
+            [succeeded("secrets-early", "secrets", target=SECRETS, started=NOW - 3 * MIN)],
+            60,
+            "request built-in v1",
+        ),
+        (
+            "the same migration started after the state recorded the hash refines it: nothing to request",
+            [known(SECRETS, [UNKNOWN], since=NOW - 5 * MIN)],
+            [succeeded("secrets-later", "secrets", target=SECRETS, started=NOW - 3 * MIN)],
+            60,
+            f"skip already migrated: every object is stored in {SECRETS} (its StorageState says so)",
+        ),
+        (
+            "a hash that changed since the last poll waits for the settle delay, as in every poll (seed 004)",
+            [known(OLD, [OLD])],
+            [],
+            60,
+            f"skip no migration yet (persisted ['{OLD}', '{SECRETS}']): "
+            f"storage version hash changed from {OLD} to {SECRETS}",
+        ),
+        (
+            "without a settle delay the changed resource gets its migration at once (seed 000)",
+            [known(OLD, [OLD])],
+            [],
+            0,
+            "request built-in v1",
+        ),
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_a_resource_with_a_storage_state(
+    rule: str, states: list[StorageState], existing: list[StorageVersionMigration], settle: float, expected: str
+) -> None:
+    assert outcome(plan(states=states, existing=existing, settle=settle), "secrets") == expected
+
+
+def test_api_servers_that_disagree_get_a_state_and_no_request() -> None:
+    """Seed 000 (HA): a migration starts only while every server reports one hash. The state
+    records what each server reports, without the time the hash was recorded (no SINCE)."""
+    reports = [
+        ReporterHash(reporter_id=f"api-{i}", group="", resource="secrets", hash=h) for i, h in enumerate([SECRETS, OLD])
+    ]
+    result = plan(seen=observed(reporters=reports))
+    (state,) = [a for a in result.plan.of_kind(CreateState) if a.name == "secrets"]
+    assert state.persisted == [UNKNOWN] and state.annotations == {}
+    assert sorted(h.current_storage_version_hash for h in state.current_hashes) == sorted([SECRETS, OLD])
+    assert "secrets" not in [a.group_resource for a in result.plan.of_kind(CreateMigration)]
+    assert outcome(result, "secrets").startswith("skip no migration yet: no StorageState: created with persisted")
+    assert "reporters disagree" in outcome(result, "secrets")
+    assert outcome(result, "configmaps") == "request built-in v1"
+
+
+def _written(action: CreateState | UpdateState, old: StorageState | None, rv: int) -> StorageState:
+    """The StorageState an applied state write leaves (what tasks/detecting.py writes)."""
+    spec = old.spec if old else StorageStateSpec(resource=GroupResource(group="", resource=action.name))
+    return StorageState(
+        metadata=ObjectMeta(name=action.name, resource_version=str(rv), annotations=dict(action.annotations)),
+        spec=spec,
+        status=StorageStateStatus(
+            persisted_storage_version_hashes=list(action.persisted),
+            current_storage_version_hash=action.current_hash,
+            last_heartbeat_time=action.heartbeat,
+            current_storage_version_hashes=list(action.current_hashes),
+        ),
+    )
+
+
+def _apply(states: list[StorageState], actions: list[Any], rv: int) -> list[StorageState]:
+    by_name = {s.metadata.name: s for s in states}
+    for action in actions:
+        if isinstance(action, CreateState | UpdateState):
+            by_name[action.name] = _written(action, by_name.get(action.name), rv)
+    return list(by_name.values())
+
+
+def test_after_initialize_and_its_migrations_a_poll_plans_nothing_but_heartbeats() -> None:
+    """Issue 24: after `initialize` and `run-migrations`, a detection poll plans nothing for those
+    resources and their StorageStates hold the current hash alone; a hash that changes afterwards
+    still gets its one new migration (the seed's safety rule is unchanged)."""
+    include = ("secrets", "configmaps")
+    settings = settings_of(include, settle=0)
+    first = plan_initialization(observed(), settings=settings, apiservices=[], now=NOW)
+    assert [r.group_resource for r in first.requests] == ["configmaps", "secrets"]
+    states = _apply([], first.plan.actions, 1)
+    # run-migrations: each request starts after its state recorded the hash, and succeeds.
+    done = [
+        succeeded(f"{r.group_resource}-init", r.resource, target=r.storage_version_hash, started=NOW + MIN)
+        for r in first.requests
+    ]
+
+    closing = plan_poll(observed(states=states, existing=done), settings, now=NOW + 3 * MIN)  # run-migrations' poll
+    assert closing.of_kind(CreateMigration) == []
+    assert {a.name: a.refined_by for a in closing.of_kind(UpdateState)} == {
+        "configmaps": "configmaps-init",
+        "secrets": "secrets-init",
+    }
+    states = _apply(states, closing.actions, 2)
+    assert {s.metadata.name: s.status.persisted_storage_version_hashes for s in states} == {
+        "configmaps": [hash_of("configmaps")],
+        "secrets": [SECRETS],
+    }
+
+    later = observed(states=states, existing=done)
+    after = plan_poll(later, settings, now=NOW + 13 * MIN)
+    by_name = {s.metadata.name: s for s in states}
+    assert [a.kind for a in after.actions] == ["UpdateState", "UpdateState"]
+    assert all(is_heartbeat(a, by_name[a.name]) for a in after.of_kind(UpdateState))
+
+    # configmaps' storage version changes: exactly one more migration, for it alone.
+    moved = [
+        r.model_copy(update={"storage_version_hash": "newHash456="}) if r.group_resource == "configmaps" else r
+        for r in realistic_discovery()
+    ]
+    changed = plan_poll(observed(discovered=moved, states=states, existing=done), settings, now=NOW + 23 * MIN)
+    assert [(a.group_resource, a.target_hash) for a in changed.of_kind(CreateMigration)] == [
+        ("configmaps", "newHash456=")
+    ]
+    assert changed.of_kind(DeleteMigration) == []
+
+
+def test_a_heartbeat_is_a_write_of_nothing_else() -> None:
+    old = known(SECRETS, [SECRETS])
+    update = UpdateState(
+        name="secrets",
+        resource_version="5",
+        current_hash=SECRETS,
+        persisted=[SECRETS],
+        heartbeat=NOW,
+        annotations=dict(old.metadata.annotations or {}),
+        reason="heartbeat",
+    )
+    assert is_heartbeat(update, old)
+    assert not is_heartbeat(update, None), "a state not read yet is created, not beaten"
+    assert not is_heartbeat(update.model_copy(update={"persisted": [UNKNOWN]}), old)
+    assert not is_heartbeat(update.model_copy(update={"current_hash": OLD}), old)
+    assert not is_heartbeat(update.model_copy(update={"annotations": {}}), old)

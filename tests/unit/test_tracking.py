@@ -87,3 +87,23 @@ def test_select_resources_honours_include_then_exclude() -> None:
         "secrets", "deployments.apps", "secrets/status"]  # fmt: skip
     assert names(select_resources(found, exclude=["SECRETS"])) == ["configmaps", "deployments.apps"]
     assert names(select_resources(found, include=["secrets"], exclude=["secrets"])) == []
+
+
+def test_include_and_exclude_speak_of_storage() -> None:
+    """Issue 24: detection and `initialize` select alike (one rule, `listed_out`): naming either
+    name of a shared storage selects, or excludes, that storage, tracked under its kept name."""
+    from storage_migrator.tracking import listed_out, select_resources
+
+    core = res("events", "r2yiGXH7wu8=", group="")
+    other = res("events", "r2yiGXH7wu8=", group="events.k8s.io")
+    cms = res("configmaps", "qFsyl6wFWjQ=", group="")
+    found = [core, other, cms]
+    kept, _ = tracked_resources(select_resources(found, include=["events.events.k8s.io"]))
+    assert kept == [core]
+    assert select_resources(found, exclude=["events.events.k8s.io"]) == [cms]
+    assert select_resources(found, include=["configmaps"]) == [cms]
+    assert listed_out(["events", "events.events.k8s.io"], exclude=["EVENTS.events.k8s.io"]) == (
+        "in the exclude list (as events.events.k8s.io, which shares its storage)"
+    )
+    assert listed_out(["events"], include=["secrets"]) == "not in the include list"
+    assert listed_out(["events"]) is None

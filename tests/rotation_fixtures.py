@@ -7,16 +7,24 @@ from __future__ import annotations
 import base64
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from conftest import install_migration_crds
 from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 
+from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import prefix_end
 
 SECRET1, SECRET2 = (base64.b64encode(bytes([n]) * 32).decode() for n in (1, 2))
 N = 300
+KEY1, KEY2 = ("key1", SECRET1), ("key2", SECRET2)
 
 
 def config(*keys: tuple[str, str]) -> str:
@@ -93,3 +101,59 @@ def stored_keys(cluster: Cluster, prefix: str) -> dict[str, str]:
         return out
     finally:
         etcd.close()
+
+
+@dataclass
+class ThreeServers:
+    """Three API servers over one etcd, each reading its own EncryptionConfiguration file (issue 19),
+    and a namespace of Secrets `s-0000`... holding `s0`..."""
+
+    cluster: Cluster
+    files: list[Path]
+    kubeconfig: Path
+    admins: list[Admin]
+    namespace: str
+
+    def api(self, server: int = 0) -> k8s.ApiClient:
+        return k8s_config.new_client_from_config(config_file=str(self.kubeconfig), context=f"kubesim-{server}")
+
+    def roll(self, server: int, *keys: tuple[str, str]) -> None:
+        """One step of a rolling update: server `server`'s file now lists `keys` (write key first)."""
+        staged = self.files[server].with_suffix(".new")  # renamed into place: a reload never reads half a file
+        staged.write_text(config(*keys))
+        staged.replace(self.files[server])
+        names = [name for name, _ in keys]
+        wait(lambda: self.admins[server].config()["encryption"]["keys"] == names,
+             f"server {server} reloading its file ({names})")  # fmt: skip
+
+    def roll_all(self, *keys: tuple[str, str]) -> None:
+        for server in range(len(self.files)):
+            self.roll(server, *keys)
+
+    def migrator_writes(self) -> int:
+        """Merge patches of Secrets: only the migrator sends them (writers create, replace, delete)."""
+        return sum(a.counters()["requestsByResource"].get("patch secrets", 0) for a in self.admins)
+
+    def keys_in_etcd(self) -> set[str]:
+        return set(stored_keys(self.cluster, f"/registry/secrets/{self.namespace}/").values())
+
+
+@contextmanager
+def three_servers(tmp_path: Path, *, secrets: int) -> Iterator[ThreeServers]:
+    """Every server starts with key1 alone; the CRDs are installed."""
+    files = [tmp_path / f"encryption-config-{i}.yaml" for i in range(3)]
+    for path in files:
+        path.write_text(config(KEY1))
+    with Cluster(servers=3, encryption_config=files, automatic_reload=True, reload_interval=0.2) as own:
+        kubeconfig = own.write_kubeconfig(tmp_path / "kubeconfig")
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        install_migration_crds(api)
+        namespace = f"t-{uuid.uuid4().hex[:8]}"
+        core = k8s.CoreV1Api(api)
+        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
+        for i in range(secrets):
+            core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i:04d}"),
+                                                                  string_data={"v": f"s{i}"}))  # fmt: skip
+        api.close()
+        yield ThreeServers(cluster=own, files=files, kubeconfig=kubeconfig,
+                           admins=[Admin(s.url) for s in own.servers], namespace=namespace)  # fmt: skip

@@ -20,76 +20,26 @@ from __future__ import annotations
 import base64
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import install_migration_crds
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from rotation_fixtures import SECRET1, SECRET2, SecretWriters, config, stored_keys, wait
-
-from kubesim.admin import Admin
-from kubesim.cluster import Cluster
+from rotation_fixtures import KEY1, KEY2, SecretWriters, ThreeServers, stored_keys, three_servers, wait
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 
 SECRETS = 150
-KEY1, KEY2 = ("key1", SECRET1), ("key2", SECRET2)
 FAST: dict[str, Any] = {"write_rate_per_second": 2000.0, "chunk_size": 50}
-
-
-@dataclass
-class ThreeServers:
-    cluster: Cluster
-    files: list[Path]
-    kubeconfig: Path
-    admins: list[Admin]
-    namespace: str
-
-    def api(self, server: int = 0) -> k8s.ApiClient:
-        return k8s_config.new_client_from_config(config_file=str(self.kubeconfig), context=f"kubesim-{server}")
-
-    def roll(self, server: int, *keys: tuple[str, str]) -> None:
-        """One step of a rolling update: server `server`'s file now lists `keys` (write key first)."""
-        staged = self.files[server].with_suffix(".new")  # renamed into place: a reload never reads half a file
-        staged.write_text(config(*keys))
-        staged.replace(self.files[server])
-        names = [name for name, _ in keys]
-        wait(lambda: self.admins[server].config()["encryption"]["keys"] == names,
-             f"server {server} reloading its file ({names})")  # fmt: skip
-
-    def migrator_writes(self) -> int:
-        """Merge patches of Secrets: only the migrator sends them (writers create, replace, delete)."""
-        return sum(a.counters()["requestsByResource"].get("patch secrets", 0) for a in self.admins)
-
-    def keys_in_etcd(self) -> set[str]:
-        return set(stored_keys(self.cluster, f"/registry/secrets/{self.namespace}/").values())
 
 
 @pytest.fixture
 def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreeServers]:
     monkeypatch.setenv("STORAGE_MIGRATOR_SERVER_CONFIG_POLL_SECONDS", "0.3")
-    files = [tmp_path / f"encryption-config-{i}.yaml" for i in range(3)]
-    for path in files:
-        path.write_text(config(KEY1))
-    with Cluster(servers=3, encryption_config=files, automatic_reload=True, reload_interval=0.2) as own:
-        kubeconfig = own.write_kubeconfig(tmp_path / "kubeconfig")
-        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
-        install_migration_crds(api)
-        namespace = f"t-{uuid.uuid4().hex[:8]}"
-        core = k8s.CoreV1Api(api)
-        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
-        for i in range(SECRETS):
-            core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i:04d}"),
-                                                                  string_data={"v": f"s{i}"}))  # fmt: skip
-        api.close()
-        yield ThreeServers(cluster=own, files=files, kubeconfig=kubeconfig,
-                           admins=[Admin(s.url) for s in own.servers], namespace=namespace)  # fmt: skip
+    with three_servers(tmp_path, secrets=SECRETS) as own:
+        yield own
 
 
 def rotate(servers: ThreeServers, key: str, *, context: str = "kubesim-0", **params: Any) -> Any:

@@ -26,35 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import install_migration_crds
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from rotation_fixtures import SECRET1, SECRET2, config, stored_keys, wait
+from rotation_fixtures import KEY1, KEY2, SECRET1, SECRET2, ThreeServers, stored_keys, three_servers, wait
 
-from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 
 pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = 240
-KEY1, KEY2 = ("key1", SECRET1), ("key2", SECRET2)
-
-
-class Operator:
-    """The person at the keyboard: edits each server's file, reads and submits the form."""
-
-    def __init__(self, cluster: Cluster, files: list[Path]) -> None:
-        self.cluster, self.files = cluster, files
-        self.admins = [Admin(s.url) for s in cluster.servers]
-
-    def roll_all(self, *keys: tuple[str, str]) -> None:
-        names = [name for name, _ in keys]
-        for i, path in enumerate(self.files):
-            staged = path.with_suffix(".new")
-            staged.write_text(config(*keys))
-            staged.replace(path)
-            wait(lambda i=i: self.admins[i].config()["encryption"]["keys"] == names, f"server {i} reloading")  # type: ignore[misc]
 
 
 def flow_run(name: str) -> Any:
@@ -109,22 +90,9 @@ def submit(run: Any, done: bool = True) -> None:
 
 
 @pytest.fixture
-def three_servers(tmp_path: Path) -> Iterator[tuple[Cluster, list[Path], Path, str]]:
-    files = [tmp_path / f"encryption-config-{i}.yaml" for i in range(3)]
-    for path in files:
-        path.write_text(config(KEY1))
-    with Cluster(servers=3, encryption_config=files, automatic_reload=True, reload_interval=0.2) as own:
-        kubeconfig = own.write_kubeconfig(tmp_path / "kubeconfig")
-        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
-        install_migration_crds(api)
-        ns = f"t-{uuid.uuid4().hex[:8]}"
-        core = k8s.CoreV1Api(api)
-        core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
-        for i in range(SECRETS):
-            core.create_namespaced_secret(ns, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i:04d}"),
-                                                           string_data={"v": f"s{i}"}))  # fmt: skip
-        api.close()
-        yield own, files, kubeconfig, ns
+def servers(tmp_path: Path) -> Iterator[ThreeServers]:
+    with three_servers(tmp_path, secrets=SECRETS) as own:
+        yield own
 
 
 def start_runbook(prefect_api: str, kubeconfig: Path, key: str, log: Path) -> subprocess.Popen[bytes]:
@@ -141,10 +109,9 @@ def start_runbook(prefect_api: str, kubeconfig: Path, key: str, log: Path) -> su
 
 
 def test_the_guided_runbook_gates_each_phase_and_resumes_after_a_kill(
-    three_servers: tuple[Cluster, list[Path], Path, str], prefect_api: str, tmp_path: Path
+    servers: ThreeServers, prefect_api: str, tmp_path: Path
 ) -> None:
-    cluster, files, kubeconfig, ns = three_servers
-    operator = Operator(cluster, files)
+    cluster, kubeconfig, ns, operator = servers.cluster, servers.kubeconfig, servers.namespace, servers
     key = f"key2-{uuid.uuid4().hex[:6]}"  # the session's Prefect server keeps each runbook's Variable
     name = f"key-rotation-runbook-{key}"
     log = Path(os.environ.get("RUNBOOK_LOG", tmp_path / "runbook.log"))

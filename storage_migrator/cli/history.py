@@ -56,7 +56,7 @@ def _unrecorded_row(u: UnrecordedMigration, labels: dict[str, str] | None, progr
             "outcome": u.phase.lower(), "reason": "NotInLedger",
             "message": f"{MIGRATIONS_KIND_NAME}/{u.migration} ran but the ledger has no run of it "
                        "(the database was unreachable): counters from the object's status",
-            **counters, "passes": 1}  # fmt: skip
+            **counters, "passes": 1, "encryption_config_hash": None, "server_check": None}  # fmt: skip
 
 
 def _gap_row(g: Gap) -> dict[str, Any]:

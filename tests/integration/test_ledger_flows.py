@@ -29,6 +29,7 @@ from sqlalchemy import text
 
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
+from storage_migrator.apiservers import observe_server_configs
 from storage_migrator.chunks import ChunkOptions, add_progress, migrate_chunk
 from storage_migrator.cli import main
 from storage_migrator.kube.connection import api_client_from_settings
@@ -197,7 +198,13 @@ def test_a_failed_run_and_a_resumed_run(
     first = migrate_chunk(api, ResourceRef(group="", version="v1", resource="configmaps"), continue_token=None,
                           options=ChunkOptions(limit=5))  # fmt: skip
     assert first.token_out
-    record.start(now=datetime.now(UTC), target_hash=None, message="a run that will die")
+    # As the flow starts a request that names a key (issue 19): under the configuration every API
+    # server runs; a checkpoint taken under none recorded would be migrated again from the beginning.
+    configs = observe_server_configs(api, Settings(kubeconfig=kubesim.kubeconfig))
+    assert configs.common_hash is not None, configs.rows()
+    record.start(
+        now=datetime.now(UTC), target_hash=None, message="a run that will die", config_hash=configs.common_hash
+    )
     record.save(token=first.token_out, progress=add_progress(MigrationProgress(), first), failures=[],
                 now=datetime.now(UTC))  # fmt: skip
     resumed = migrate(kubesim, migration=record.name, chunk_size=50)

@@ -276,3 +276,39 @@ def test_behind_a_load_balancer_every_server_is_heard_by_sampling(servers: Three
     by_id = {s.server_id: s.config_hash for s in configs.servers}
     assert by_id[ids[0]] == by_id[ids[2]] != by_id[ids[1]] is not None
     assert configs.common_hash is None and "http://127.0.0.1:9" in configs.unheard
+
+
+def test_a_checkpoint_taken_under_another_configuration_is_not_resumed(servers: ThreeServers) -> None:
+    """Issue 19: "The phase reached is recorded, so a crashed ... run resumes at its phase" -- but
+    a pass resumed under another configuration than the one its checkpoint was taken under would
+    prove nothing: it starts again from the beginning. Told apart by the counters: resumed, the
+    first chunk's 5 objects count as rewritten (by the run that died); started again, as unchanged."""
+    from flows.migrate_resource import migrate_resource
+    from storage_migrator.chunks import ChunkOptions, add_progress, migrate_chunk
+    from storage_migrator.kube.resources import ResourceRef
+    from storage_migrator.migrations import MigrationRecord, create_migration
+    from storage_migrator.models import MigrationProgress, new_storage_version_migration
+    from storage_migrator.rotation import ENCRYPTION_KEY_ANNOTATION
+
+    servers.roll_all(KEY1, KEY2)
+    servers.roll_all(KEY2, KEY1)
+    api = servers.api()
+    request = new_storage_version_migration(group="", version="v1", resource="secrets", name="secrets-key2")
+    request.metadata.annotations = {ENCRYPTION_KEY_ANNOTATION: "key2"}
+    created = create_migration(api, request)
+    record = MigrationRecord.open(api, name="secrets-key2", uid=str(created.metadata.uid))
+    record.start(now=datetime.now(UTC), target_hash=None, message="a run that will die",
+                 config_hash="sha256:" + "0" * 64)  # fmt: skip
+    first = migrate_chunk(api, ResourceRef(version="v1", resource="secrets"), continue_token=None,
+                          options=ChunkOptions(limit=5))  # fmt: skip
+    assert first.rewritten == 5 and first.token_out
+    record.save(token=first.token_out, progress=add_progress(MigrationProgress(), first), failures=[],
+                now=datetime.now(UTC))  # fmt: skip
+
+    state = migrate_resource(migration="secrets-key2", kubeconfig=str(servers.kubeconfig), return_state=True, **FAST)
+    assert state.is_completed(), state.message
+    progress = state.result().progress
+    assert (progress.listed, progress.rewritten, progress.unchanged) == (SECRETS, SECRETS - 5, 5), progress
+    now = record.refresh().status.encryption_config_hash
+    assert now is not None and now != "sha256:" + "0" * 64
+    assert servers.keys_in_etcd() == {"key2"}

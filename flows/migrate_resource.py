@@ -314,8 +314,9 @@ def _gate(settings: Settings, handle: MigrationHandle, rec: RunRecorder) -> Gate
         return None
     gate = wait_for_one_config(settings, what=f"{handle.name} (key {handle.encryption_key})", key=handle.name,
                                override=handle.skip_server_check)  # fmt: skip
-    rec.encryption_config_hash = gate.configs.common_hash
-    rec.server_check = "overridden" if gate.overridden else "agreed"
+    if gate.verdict.action == "go":  # the ledger records a check that passed, or the override
+        rec.encryption_config_hash = gate.configs.common_hash
+        rec.server_check = "overridden" if gate.overridden else "agreed"
     return gate
 
 

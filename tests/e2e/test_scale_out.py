@@ -307,6 +307,15 @@ def test_two_workers_share_the_work_the_budget_and_a_crash(
         return runs if set(crash.migrations) <= done else None
 
     runs = wait_for(resumed_by_keeper, timeout=60, what=f"the resumed runs on {KEEPER} to complete")
+
+    def killed_runs_final() -> dict[str, Any] | None:
+        """The history once the killed runs show a final state: the dispatcher marks them Crashed
+        in its own loop, which a loaded machine may run after the resumed run completed."""
+        now = history(stack)
+        dead = [now[i] for i in crash.runs if i in now and migration_of(now[i]) in crash.migrations]
+        return now if dead and all(r.state and r.state.is_final() for r in dead) else None
+
+    runs = wait_for(killed_runs_final, timeout=120, what="the killed runs to end in a final state")
     with SyncPrefectClient(api=stack.api_url) as client:
         budget = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
 

@@ -1,7 +1,8 @@
 """The local stack a newcomer, the e2e tests and the benchmarks run on one machine:
-a Prefect server on a free port with its own home, the project's deployments
-from `prefect.yaml`, and process workers pointed at a cluster (one, or several
-on the same pool to show scale-out; one can be killed as a machine dies).
+a Prefect server on a free port with its own home (its UI pointed at that port:
+devstack.ui), the project's deployments from `prefect.yaml`, and process workers
+pointed at a cluster (one, or several on the same pool to show scale-out; one can
+be killed as a machine dies).
 
 Not product code (the product runs against whatever Prefect server and cluster
 the operator has); it drives the same `prefect` commands an operator types.
@@ -19,6 +20,8 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from devstack.ui import ui_server_settings, wait_for_ui
 
 REPO = Path(__file__).resolve().parents[1]
 POOL = "storage-migrator-local"
@@ -50,6 +53,30 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def _end(pids: list[int], *, grace: float = 10) -> None:
+    """SIGTERM to each process still there, SIGKILL to those left after `grace` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0.0)):
+        alive = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                alive.append(pid)
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [pid for pid in alive if _running(pid)]
+        pids = alive
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an ended process whose parent has not reaped it yet)."""
+    try:
+        stat = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def _prefect() -> list[str]:
@@ -100,8 +127,10 @@ class PrefectStack:
         return done.stdout
 
     def start_server(self, *, timeout: float = 120) -> None:
+        """`prefect server start` on this stack's port; returns once its API is healthy and
+        its UI answers with this API's address (devstack.ui: issue 23)."""
         log = self._log("server")
-        server_env = {**self.env, **self.server_env}
+        server_env = {**self.env, **ui_server_settings(host="127.0.0.1", port=self.port), **self.server_env}
         server_env.pop("PREFECT_API_URL")
         self._server = subprocess.Popen(
             [*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
@@ -115,12 +144,13 @@ class PrefectStack:
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as resp:
                     if resp.status == 200:
-                        return
+                        break
             except OSError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"prefect server not healthy after {timeout}s; see {self.home / 'server.log'}")
             time.sleep(0.5)
+        wait_for_ui(self.ui_url, self.api_url, timeout=max(10.0, deadline - time.monotonic()))
 
     def deploy(self, prefect_file: Path | None = None) -> None:
         self.run("work-pool", "create", POOL, "--type", "process", "--overwrite")
@@ -180,6 +210,13 @@ class PrefectStack:
         return killed
 
     def stop(self) -> None:
+        """Stop the workers, the flow runs they started, and the server.
+
+        A flow run's process is in a session of its own and outlives its worker (a paused
+        run would wait for its form for a day): the processes under each worker are
+        ended too, found by their parents before the worker goes.
+        """
+        runs = [pid for proc in self._workers.values() if proc.poll() is None for pid in descendants(proc.pid)]
         for proc in (*self._workers.values(), self._server):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
@@ -188,6 +225,7 @@ class PrefectStack:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
+        _end(runs)
         self._workers = {}
         self._server = None
 

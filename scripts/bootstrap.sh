@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the project needs on a fresh machine of our kind (Debian
-# bookworm, Python 3.11, root): Debian's etcd-server and postgresql when missing, uv,
-# and the Python dependencies exactly as uv.lock pins them (.venv/).
+# bookworm, Python 3.11, root): Debian's etcd-server, postgresql and chromium when
+# missing, uv, and the Python dependencies exactly as uv.lock pins them (.venv/).
 # Sourced by scripts/test.sh and scripts/demo.sh; safe to run again.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,6 +21,13 @@ if ! compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null; then
     echo "bootstrap: installing postgresql from Debian's packages"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+fi
+if ! command -v chromium >/dev/null 2>&1; then
+    # The UI tests (tests/e2e/test_ui.py) open the Prefect UI in it, headless, through
+    # Playwright; Playwright's own browser download needs a network these machines lack.
+    echo "bootstrap: installing chromium from Debian's packages"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 if ! command -v uv >/dev/null 2>&1; then
     echo "bootstrap: installing uv"

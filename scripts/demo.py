@@ -38,6 +38,7 @@ from kubernetes import client as k8s
 
 from devstack import REPO, PrefectStack
 from devstack.postgres import start_postgres
+from devstack.ui import wait_for_ui
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import ENCRYPTED_PREFIX
@@ -194,8 +195,9 @@ def main() -> int:
             print(f"1. kubesim on {cluster.server.url} (etcd {cluster.etcd_url}), kubeconfig {kubeconfig}")
             seed(api, count=args.objects)
             report("   etcd after install:", etcd)
-            print(f"\n2. Prefect server on {stack.ui_url} (home {stack.home}); deploying prefect.yaml; a worker")
-            stack.start_server()
+            print(f"\n2. A Prefect server (home {stack.home}); deploying prefect.yaml; a worker")
+            stack.start_server()  # returns once the UI answers and its /ui-settings names this API (devstack.ui)
+            print(f"   Prefect UI: {stack.ui_url} (its API: {stack.api_url})")
             stack.deploy()
             stack.start_worker()
             print("\n3. First polls of detect-storage-changes: StorageStates created, a migration per resource")
@@ -235,9 +237,12 @@ def main() -> int:
                         WIDGETS: "apiVersion demo.example.com/v2"}  # fmt: skip
             ok = all(set(after[n]) == {form} for n, form in expected.items())
             print(f"\n   etcd holds only the new version and key: {'yes' if ok else 'NO'}")
-            print(f"\n   Look in the Prefect UI at {stack.ui_url}: Runs (detect-storage-changes, run-migrations, "
-                  "one migrate-<resource>-<version>-<uid> run per migration), Artifacts (progress and outcome "
-                  "tables), Deployments (detect-storage-changes is scheduled every 10 minutes).")  # fmt: skip
+            wait_for_ui(stack.ui_url, stack.api_url)
+            print(f"\n   The Prefect UI answers at {stack.ui_url}. Open the Runs page first: {stack.ui_url}/v2/runs "
+                  "(one migrate-<resource>-<version>-<uid> run per migration, tagged resource:<resource>; "
+                  "detect-storage-changes and run-migrations). A run's Artifacts tab has its progress and its table "
+                  "of outcomes; Deployments shows detect-storage-changes every 10 minutes. Where to look for "
+                  "what: docs/ui.md.")  # fmt: skip
             print(
                 f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations.migration.k8s.io,storagestates.migration.k8s.io"
             )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from devstack import PrefectStack
-from devstack.postgres import start_postgres
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
@@ -27,29 +25,11 @@ from storage_migrator.settings import Settings
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds")]
 
 
-@pytest.fixture(scope="module")
-def stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
-    """The e2e run on PostgreSQL (issue 13: the documented choice for a shared server);
-    test_schedule.py keeps the SQLite default."""
-    postgres = start_postgres()
-    stack = PrefectStack(
-        tmp_path_factory.mktemp("prefect-home"),
-        server_env={"PREFECT_API_DATABASE_CONNECTION_URL": postgres.url},
-        worker_env={
-            "STORAGE_MIGRATOR_KUBECONFIG": kubesim_session.kubeconfig,
-            "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": "500",
-            # The real thing: one write budget shared through the server.
-            "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "true",
-        },
-    )
-    try:
-        stack.start_server()
-        stack.deploy()
-        stack.start_worker()
-        yield stack
-    finally:
-        stack.stop()
-        postgres.stop()
+@pytest.fixture
+def stack(deployed_stack: PrefectStack) -> PrefectStack:
+    """The e2e tier's shared server (tests/e2e/conftest.py): on PostgreSQL (issue 13: the
+    documented choice for a shared server); test_schedule.py keeps the SQLite default."""
+    return deployed_stack
 
 
 def flow_runs(stack: PrefectStack) -> list[Any]:

@@ -66,7 +66,7 @@ from kubesim.codec import derived_secret
 from kubesim.etcd import EtcdProcess, EtcdStore, prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.writing import create_object
-from storage_migrator.migrations import MIGRATIONS, read_migration
+from storage_migrator.migration.requests import MIGRATIONS, read_migration
 from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
 from storage_migrator.settings import Settings
 

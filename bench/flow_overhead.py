@@ -6,7 +6,7 @@ with `--concurrency` threads, page after page, no Prefect, no checkpoint. Three
 things are measured against it, interleaved, each after a storage version
 switch so that every object is re-encoded:
 
-- `chunk loop`: `storage_migrator.chunks.migrate_chunk` page after page, no
+- `chunk loop`: `storage_migrator.migration.chunks.migrate_chunk` page after page, no
   Prefect (what the chunk logic itself costs: retries, tallies, settle checks);
 - `flow`: `migrate_resource(resource="configmaps")`, unbudgeted (rate 10^6/s,
   `shared_write_budget` off): one task per chunk, a checkpoint and the seed-001
@@ -46,10 +46,10 @@ from kubernetes import client as k8s
 from kubernetes.client import ApiClient
 from stand import CONFIGMAPS, REPO, create_configmaps, kubesim_process, machine, median_spread, ratios
 
-from storage_migrator.chunks import ChunkOptions, migrate_chunk
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.listing import list_page
 from storage_migrator.kube.writing import rewrite_with_patch
+from storage_migrator.migration.chunks import ChunkOptions, migrate_chunk
 from storage_migrator.settings import Settings
 
 NAMESPACE = "bench"

@@ -4,7 +4,7 @@ DESIGN 4.5 chose the metadata-only LIST and the minimal merge patch
 `{"metadata":{"resourceVersion": RV}}` (answered as PartialObjectMetadata) over
 the full LIST and PUT of the object as read, because it "moves a few hundred
 bytes per object instead of the whole object twice". This measures both modes
-of `storage_migrator.chunks.migrate_chunk` on the same objects, in the same run:
+of `storage_migrator.migration.chunks.migrate_chunk` on the same objects, in the same run:
 
 1. create the objects (ConfigMaps of about 1 KB, several threads);
 2. switch the storage version and migrate every object in patch mode;
@@ -35,9 +35,9 @@ from stand import create_configmaps
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
-from storage_migrator.chunks import ChunkOptions, WriteMode, migrate_chunk
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.migration.chunks import ChunkOptions, WriteMode, migrate_chunk
 from storage_migrator.settings import Settings
 
 CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")

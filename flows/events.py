@@ -33,8 +33,8 @@ from prefect.events import Event, emit_event
 from prefect.events.filters import EventFilter, EventIDFilter
 from prefect.settings import PREFECT_API_URL
 
+from storage_migrator.detection.changes import HashChanged, MigrationRequested, PollChanges, StateRefined
 from storage_migrator.models import MigrationProgress, ObjectFailure
-from storage_migrator.poll_changes import HashChanged, MigrationRequested, PollChanges, StateRefined
 
 PREFIX: Final = "storage-migrator"
 MIGRATION_EVENTS: Final = tuple(f"{PREFIX}.migration.{o}" for o in ("started", "succeeded", "failed", "cancelled"))
@@ -69,7 +69,7 @@ def emit_migration(outcome: str, *, migration: str, group_resource: str, progres
                    message: str = "", failures: list[ObjectFailure] | None = None) -> None:  # fmt: skip
     """`storage-migrator.migration.<outcome>`: counters, our own summary (names, codes,
     reasons, field paths) and, when it failed, the failed objects' records (names, codes,
-    reasons and field paths: storage_migrator.failures)."""
+    reasons and field paths: storage_migrator.migration.failures)."""
     payload: dict[str, Any] = {"progress": progress.model_dump(), "message": message[:1000]}
     if failures is not None:
         payload["failures"] = [f.model_dump(exclude_none=True) for f in failures]

@@ -39,8 +39,8 @@ from flows.events import delivered_events
 from flows.polling import PollSummary, carry_out, look
 from flows.run_logs import our_logs_in_the_run
 from flows.run_migrations import run_migrations
-from storage_migrator.detection_plan import INITIALIZE_REQUESTER
-from storage_migrator.initializer import InitPlan, SkippedResource, plan_initialization
+from storage_migrator.detection.actions import INITIALIZE_REQUESTER
+from storage_migrator.detection.initializer import InitPlan, SkippedResource, plan_initialization
 from storage_migrator.settings import Settings
 from tasks.dispatching import read_apiservices
 

@@ -45,10 +45,15 @@ from pydantic import BaseModel, Field
 from flows.events import delivered_events, emit_migration
 from flows.run_logs import our_logs_in_the_run
 from flows.server_config_gate import GateOutcome, check_configs, wait_for_one_config
-from storage_migrator.agreement import AgreementMoment, AgreementVerdict, StorageVersionObservation, decide_agreement
-from storage_migrator.chunks import MigrationAborted, add_progress
+from storage_migrator.agreement.storage_versions import (
+    AgreementMoment,
+    AgreementVerdict,
+    StorageVersionObservation,
+    decide_agreement,
+)
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
-from storage_migrator.migrations import MigrationCancelled, failure_summary
+from storage_migrator.migration.chunks import MigrationAborted, add_progress
+from storage_migrator.migration.requests import MigrationCancelled, failure_summary
 from storage_migrator.models import (
     CONDITION_SUCCEEDED,
     MAX_RECORDED_FAILURES,

@@ -19,16 +19,16 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from flows.events import emit_poll_changes
-from storage_migrator.agreement import AgreementSource
-from storage_migrator.detection import DETECTION_LABEL_VALUE, DeleteMigration, DetectionPlan
-from storage_migrator.dispatch import plan_dispatch
+from storage_migrator.agreement.storage_versions import AgreementSource
+from storage_migrator.detection.observation import Observations
+from storage_migrator.detection.planner import DETECTION_LABEL_VALUE, DeleteMigration, DetectionPlan
+from storage_migrator.detection.poll import plan_poll
+from storage_migrator.detection.tracking import select_resources
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import PollRecord
-from storage_migrator.observation import Observations
-from storage_migrator.poll_plan import plan_poll
+from storage_migrator.migration.dispatch import plan_dispatch
 from storage_migrator.settings import Settings
-from storage_migrator.tracking import select_resources
 from tasks.detecting import Applied, apply_plan, observe
 
 

@@ -6,7 +6,7 @@ resolve every resource (an unknown one fails the run before anything is
 created), find or create one request per resource named from it and the key
 (`secrets-key2`; DESIGN 4.8), run them, then run a verification request per
 resource (`secrets-key2-verify`) that must rewrite nothing, and end with a
-table. Every decision is `storage_migrator.rotation`'s.
+table. Every decision is `storage_migrator.rotation.decisions`'s.
 
 Existing requests of the same name: Succeeded is the record that it ran (not
 run again, still verified); pending or Running is run or resumed; Failed stops
@@ -45,8 +45,9 @@ from pydantic import BaseModel, Field
 
 from flows.run_migrations import dispatch_requests, run_overrides
 from flows.server_config_gate import show_configs, wait_for_one_config
+from storage_migrator.migration.targets import MigrationTarget
 from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
-from storage_migrator.rotation import (
+from storage_migrator.rotation.decisions import (
     ENCRYPTION_KEY_ANNOTATION,
     REQUESTED_BY_LABEL,
     ROTATION_REQUESTER,
@@ -61,7 +62,6 @@ from storage_migrator.rotation import (
     verify_name,
 )
 from storage_migrator.settings import Settings
-from storage_migrator.targets import MigrationTarget
 from tasks.dispatching import create_named_requests, read_migrations, resolve_targets
 from tasks.server_configs import observe_configs
 

@@ -1,6 +1,6 @@
 """`key-rotation-runbook`: the whole key rotation, guided, with every phase gated on every API server.
 
-Issue 19 item 3. Seed 003's order as five phases (storage_migrator/rotation_runbook.py):
+Issue 19 item 3. Seed 003's order as five phases (storage_migrator/rotation/runbook.py):
 1. the new key added as a read key everywhere; 2. made the write key everywhere;
 3. re-encrypt and prove (`rotate-encryption-key`, gated on every server);
 4. the old key removed everywhere; 5. every object read through every server.
@@ -33,8 +33,8 @@ from pydantic import BaseModel, Field
 
 from flows.rotate_encryption_key import DEFAULT_RESOURCES, rotate_encryption_key
 from flows.server_config_gate import show_configs
-from storage_migrator.rotation import check_key_name
-from storage_migrator.rotation_runbook import (
+from storage_migrator.rotation.decisions import check_key_name
+from storage_migrator.rotation.runbook import (
     OPERATOR_PHASES,
     PhaseCheck,
     RunbookRecord,

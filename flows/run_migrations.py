@@ -54,7 +54,7 @@ from flows.events import delivered_events
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
 from flows.run_logs import our_logs_in_the_run
-from storage_migrator.dispatch import (
+from storage_migrator.migration.dispatch import (
     RUNNING_ELSEWHERE,
     DispatchPlan,
     migration_resource,

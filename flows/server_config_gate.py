@@ -5,7 +5,7 @@ EncryptionConfiguration must not write (and so cannot "prove" anything) until
 the last server has changed. The flow waits, showing which servers differ in its
 log and as a table artifact, up to a timeout; then asks again at every later
 moment (between chunks, before a verdict). The decisions are
-`storage_migrator.server_configs.decide_config_gate`'s; this module only asks,
+`storage_migrator.agreement.server_configs.decide_config_gate`'s; this module only asks,
 waits and shows. The override is never the default: it is a parameter of
 `rotate-encryption-key` or an annotation on the request, and is logged as a
 warning each time it lets a run through.
@@ -21,8 +21,8 @@ from prefect import get_run_logger
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel, ConfigDict
 
-from storage_migrator.agreement import AgreementMoment, AgreementVerdict
-from storage_migrator.server_configs import GATE_GO, ServerConfigs, decide_config_gate
+from storage_migrator.agreement.server_configs import GATE_GO, ServerConfigs, decide_config_gate
+from storage_migrator.agreement.storage_versions import AgreementMoment, AgreementVerdict
 from storage_migrator.settings import Settings
 from tasks.server_configs import observe_configs
 

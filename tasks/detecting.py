@@ -1,6 +1,6 @@
-"""Tasks of a detection poll: observe the cluster (storage_migrator/observation.py), then apply the planned actions.
+"""Tasks of a detection poll: observe the cluster (storage_migrator/detection/observation.py), then apply the planned actions.
 
-The plan itself is `storage_migrator.detection.plan_detection`, a pure
+The plan itself is `storage_migrator.detection.planner.plan_detection`, a pure
 function. Applying is best effort per action: a write that lost a race (409)
 or hit a transient error is reported and left to the next poll, which plans
 again from what it then observes (seed 000's controller is level-triggered);
@@ -17,8 +17,9 @@ from prefect import get_run_logger, task
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
-from storage_migrator.crds import CRDS
-from storage_migrator.detection import (
+from storage_migrator.detection.changes import PollChanges
+from storage_migrator.detection.observation import Observations, observe_cluster
+from storage_migrator.detection.planner import (
     DETECTION_LABEL,
     DETECTION_LABEL_VALUE,
     SETTLE_ANNOTATION,
@@ -31,21 +32,20 @@ from storage_migrator.detection import (
     TrimStoredVersions,
     UpdateState,
 )
+from storage_migrator.detection.states import create_state, write_state
+from storage_migrator.kube.crds import CRDS
 from storage_migrator.kube.errors import Forbidden, KubeError, NotFound
 from storage_migrator.kube.writing import delete_object, patch_object
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import StateChange
-from storage_migrator.migrations import MIGRATIONS, create_migration
+from storage_migrator.migration.requests import MIGRATIONS, create_migration
 from storage_migrator.models import (
     MIGRATIONS_KIND_NAME,
     STATES_KIND_NAME,
     StorageState,
     new_storage_version_migration,
 )
-from storage_migrator.observation import Observations, observe_cluster
-from storage_migrator.poll_changes import PollChanges
 from storage_migrator.settings import Settings
-from storage_migrator.states import create_state, write_state
 from tasks.common import PRIVATE, api_client, connected
 
 __all__ = ["Applied", "Observations", "apply_plan", "observe"]

@@ -2,7 +2,7 @@
 
 They read and create StorageVersionMigration objects (our own, holding no data
 of migrated objects) and read discovery and APIServices; the decisions are the
-pure planners of `storage_migrator.dispatch` and `storage_migrator.initializer`
+pure planners of `storage_migrator.migration.dispatch` and `storage_migrator.detection.initializer`
 (whose plan the detection poll's task applies, tasks/detecting.py).
 """
 
@@ -12,15 +12,15 @@ import contextlib
 
 from prefect import task
 
-from storage_migrator.initializer import ApiServiceInfo
+from storage_migrator.detection.initializer import ApiServiceInfo
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import AlreadyExists
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.migrations import create_migration, list_migrations
+from storage_migrator.migration.requests import create_migration, list_migrations
+from storage_migrator.migration.targets import MigrationTarget, resolve_target
 from storage_migrator.models import StorageVersionMigration, new_storage_version_migration
 from storage_migrator.settings import Settings
-from storage_migrator.targets import MigrationTarget, resolve_target
 from tasks.common import PRIVATE, connected
 
 APISERVICES = ResourceRef(group="apiregistration.k8s.io", version="v1", resource="apiservices")

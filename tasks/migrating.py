@@ -18,20 +18,21 @@ from prefect import task
 from prefect.tasks import exponential_backoff
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.agreement import StorageVersionObservation
-from storage_migrator.chunks import ChunkOptions, ChunkResult, MigrationAborted, WriteMode, migrate_chunk
+from storage_migrator.agreement.storage_versions import StorageVersionObservation
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.storageversions import read_storage_version
 from storage_migrator.ledger.recorder import encryption_key_of, requested_by
-from storage_migrator.lookahead import PageAhead
-from storage_migrator.migrations import (
+from storage_migrator.migration.chunks import ChunkOptions, ChunkResult, MigrationAborted, WriteMode, migrate_chunk
+from storage_migrator.migration.lookahead import PageAhead
+from storage_migrator.migration.requests import (
     MigrationCancelled,
     MigrationRecord,
     create_migration,
     read_migration,
 )
+from storage_migrator.migration.targets import UnknownResource, resolve_target
 from storage_migrator.models import (
     CONDITION_FAILED,
     CONDITION_SUCCEEDED,
@@ -41,9 +42,8 @@ from storage_migrator.models import (
     is_condition_true,
     new_storage_version_migration,
 )
-from storage_migrator.rotation import skips_server_check
+from storage_migrator.rotation.decisions import skips_server_check
 from storage_migrator.settings import Settings
-from storage_migrator.targets import UnknownResource, resolve_target
 from tasks.common import PRIVATE, REQUEST_RETRIES, api_client, connected
 from tasks.write_budget import RateLimitInfo, chunk_pacer
 

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict
 from storage_migrator.kube.endpoints import api_server_urls
 from storage_migrator.kube.errors import KubeError
 from storage_migrator.kube.listing import iterate_items
+from storage_migrator.migration.targets import MigrationTarget
 from storage_migrator.settings import Settings
-from storage_migrator.targets import MigrationTarget
 from tasks.common import PRIVATE, REQUEST_RETRIES, api_client, connected
 
 __all__ = ["ReadCheck", "read_through_every_server"]

@@ -1,6 +1,6 @@
 """The write budget every worker shares, on a Prefect server: the budget held by leases.
 
-Design decision (issue 13; DESIGN 4.5; the rules in `storage_migrator.write_share`):
+Design decision (issue 13; DESIGN 4.5; the rules in `storage_migrator.migration.write_share`):
 two global concurrency limits, created idempotently.
 
 - `storage-migrator-writes` carries the budget: its `slot_decay_per_second` is
@@ -34,8 +34,8 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalC
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.pacing import BatchedPacer, LocalRateLimiter, Pacer
-from storage_migrator.write_share import ShareView, WindowedLimiter, join_wait
+from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
+from storage_migrator.migration.write_share import ShareView, WindowedLimiter, join_wait
 from tasks.common import PRIVATE
 
 log = logging.getLogger(__name__)

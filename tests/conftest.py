@@ -286,7 +286,7 @@ def kubectl(request: pytest.FixtureRequest, kubesim: Kubesim, tmp_path: Path) ->
 def migration_requested_by_detection(action: Any, *, name: str, now: Any) -> Any:
     """The StorageVersionMigration a CreateMigration action makes, as tasks/detecting.py creates it
     (for the unit tests that apply detection plans to an in-memory cluster)."""
-    from storage_migrator.detection import DETECTION_LABEL
+    from storage_migrator.detection.planner import DETECTION_LABEL
     from storage_migrator.models import new_storage_version_migration
 
     migration = new_storage_version_migration(

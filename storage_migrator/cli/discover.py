@@ -14,12 +14,12 @@ from typing import Annotated
 
 import typer
 
-from storage_migrator.apiservers import Agreement, observe_agreement, observe_server_configs
+from storage_migrator.agreement.apiservers import Agreement, observe_agreement, observe_server_configs
+from storage_migrator.agreement.server_configs import ServerConfigs
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.kube.discovery import Discovery, discover, pick_preferred
 from storage_migrator.kube.errors import KubeError
-from storage_migrator.server_configs import ServerConfigs
 
 __all__ = ["command"]
 

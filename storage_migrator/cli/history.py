@@ -23,7 +23,7 @@ from storage_migrator.ledger import queries
 from storage_migrator.ledger.database import display_url, ledger_engine
 from storage_migrator.ledger.queries import Gap, RunHistory, UnrecordedMigration
 from storage_migrator.ledger.recorder import requested_by
-from storage_migrator.migrations import list_migrations
+from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import MIGRATIONS_KIND_NAME, StorageVersionMigration, phase_from_conditions
 
 __all__ = ["command", "parse_since"]

@@ -1,7 +1,7 @@
 """``storage-migrator metrics --port N``: Prometheus metrics from the ledger and the cluster.
 
 Issue 12, item 3: every value is computed at scrape time by
-`storage_migrator.metrics.MigratorCollector`, so one metrics server counts the
+`storage_migrator.operations.metrics.MigratorCollector`, so one metrics server counts the
 work of every worker. It serves until interrupted (Ctrl-C, SIGTERM).
 """
 
@@ -16,9 +16,9 @@ import typer
 from prometheus_client import CollectorRegistry, start_http_server
 
 from storage_migrator.cli.options import kube_api, settings_of
-from storage_migrator.metrics import MigratorCollector
-from storage_migrator.migrations import list_migrations
+from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import StorageVersionMigration
+from storage_migrator.operations.metrics import MigratorCollector
 
 __all__ = ["command"]
 

@@ -1,7 +1,7 @@
 """``storage-migrator plan``: what the next detection poll would do, without doing it.
 
-Issue 12 item 2. The same observation (storage_migrator/observation.py) and the
-same decisions (storage_migrator/poll_plan.py) as the detect-storage-changes
+Issue 12 item 2. The same observation (storage_migrator/detection/observation.py) and the
+same decisions (storage_migrator/detection/poll.py) as the detect-storage-changes
 poll, with the same settings; nothing is written. The actions carry our own
 objects' names and hashes only, never a migrated object's data.
 """
@@ -15,7 +15,7 @@ import typer
 
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
-from storage_migrator.detection_plan import (
+from storage_migrator.detection.actions import (
     Action,
     CreateMigration,
     CreateState,
@@ -23,10 +23,10 @@ from storage_migrator.detection_plan import (
     TrimStoredVersions,
     UpdateState,
 )
+from storage_migrator.detection.changes import is_heartbeat
+from storage_migrator.detection.observation import observe_cluster
+from storage_migrator.detection.poll import plan_poll
 from storage_migrator.models import MIGRATIONS_KIND_NAME, STATES_KIND_NAME
-from storage_migrator.observation import observe_cluster
-from storage_migrator.poll_changes import is_heartbeat
-from storage_migrator.poll_plan import plan_poll
 
 __all__ = ["command"]
 

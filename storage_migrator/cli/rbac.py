@@ -1,6 +1,6 @@
 """``storage-migrator rbac``: a ClusterRole for exactly the resources to migrate.
 
-Issue 14 item 3: printed ready for ``kubectl apply -f -``; storage_migrator/rbac.py
+Issue 14 item 3: printed ready for ``kubectl apply -f -``; storage_migrator/operations/rbac.py
 builds it (the rules, and why each).
 """
 
@@ -14,7 +14,7 @@ import typer
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.kube.discovery import discover
-from storage_migrator.rbac import DEFAULT_NAME, UnknownResource, build_role
+from storage_migrator.operations.rbac import DEFAULT_NAME, UnknownResource, build_role
 
 __all__ = ["command"]
 

@@ -1,7 +1,7 @@
 """``storage-migrator status``: one row per resource, like ``kubectl get``.
 
 DESIGN 4.10: current hash, persisted hashes, and the last migration's phase,
-progress, rate and ETA (storage_migrator/overview.py decides each value).
+progress, rate and ETA (storage_migrator/operations/overview.py decides each value).
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import typer
 
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
+from storage_migrator.detection.states import list_states
 from storage_migrator.kube.errors import NotFound
-from storage_migrator.migrations import list_migrations
+from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import MIGRATIONS_KIND_NAME, STATES_KIND_NAME
-from storage_migrator.overview import ResourceOverview, overview, resource_name
-from storage_migrator.states import list_states
+from storage_migrator.operations.overview import ResourceOverview, overview, resource_name
 
 __all__ = ["command"]
 

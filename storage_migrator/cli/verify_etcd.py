@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
-from storage_migrator.etcd_scan import EtcdEndpoint, EtcdScanError, PrefixScan, scan_prefix
+from storage_migrator.rotation.etcd_scan import EtcdEndpoint, EtcdScanError, PrefixScan, scan_prefix
 
 __all__ = ["command"]
 

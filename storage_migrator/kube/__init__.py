@@ -2,5 +2,6 @@
 
 ``connection`` builds clients, ``errors`` classifies failures, ``resources``
 builds paths, ``transport`` sends requests, ``discovery`` / ``listing`` /
-``reading`` / ``writing`` are the verbs. Migrated objects stay raw JSON here.
+``reading`` / ``writing`` are the verbs; ``crds`` reads a CustomResourceDefinition
+and computes the storage version hash. Migrated objects stay raw JSON here.
 """

@@ -15,10 +15,10 @@ from typing import Any, Final
 
 from kubernetes.client import ApiClient
 
+from storage_migrator.agreement.server_configs import IdentityLease
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.transport import DEFAULT_TIMEOUT_SECONDS
-from storage_migrator.server_configs import IdentityLease
 
 __all__ = ["IDENTITY_SELECTOR", "LEASES", "LEASE_NAMESPACE", "list_identity_leases"]
 

@@ -17,8 +17,8 @@ from typing import Final
 from kubernetes.client import ApiClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from storage_migrator.agreement.server_configs import CONFIG_METRIC, ConfigSample
 from storage_migrator.kube.transport import DEFAULT_TIMEOUT_SECONDS, request
-from storage_migrator.server_configs import CONFIG_METRIC, ConfigSample
 
 __all__ = ["ACCEPT_TEXT", "METRICS_PATH", "parse_config_samples", "read_config_samples"]
 

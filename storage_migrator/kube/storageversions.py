@@ -12,7 +12,7 @@ from typing import Final
 
 from kubernetes.client import ApiClient
 
-from storage_migrator.agreement import StorageVersionObservation, storage_version_name
+from storage_migrator.agreement.storage_versions import StorageVersionObservation, storage_version_name
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.reading import read_object

@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from storage_migrator.chunks import ChunkResult
 from storage_migrator.ledger.records import (
     ChunkRecord,
     LedgerRecord,
@@ -23,8 +22,9 @@ from storage_migrator.ledger.records import (
     ServerCheck,
 )
 from storage_migrator.ledger.writer import LedgerWriter, WriterOptions, writer_for
+from storage_migrator.migration.chunks import ChunkResult
 from storage_migrator.models import MigrationProgress
-from storage_migrator.rotation import ENCRYPTION_KEY_ANNOTATION, REQUESTED_BY_LABEL, ROTATION_REQUESTER
+from storage_migrator.rotation.decisions import ENCRYPTION_KEY_ANNOTATION, REQUESTED_BY_LABEL, ROTATION_REQUESTER
 from storage_migrator.settings import Settings
 
 __all__ = ["RunRecorder", "encryption_key_of", "requested_by", "writer_from_settings"]

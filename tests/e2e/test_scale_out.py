@@ -28,7 +28,7 @@ from devstack import PrefectStack
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
-from storage_migrator.migrations import create_migration, read_migration
+from storage_migrator.migration.requests import create_migration, read_migration
 from storage_migrator.models import is_condition_true, new_storage_version_migration
 from storage_migrator.settings import Settings
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from devstack import REPO, PrefectStack
+from storage_migrator.detection.states import list_states
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.settings import Settings
-from storage_migrator.states import list_states
 
 # Its own waits add up to 600 s (240 + 120 + 240) after a Prefect server, a deploy and a worker
 # start: the suite's 300 s net cut it off on a loaded 2-core CI (it takes 200-270 s alone here).

@@ -34,7 +34,7 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 from devstack import REPO, PrefectStack
 from devstack.browser import chromium_executable, headless_chromium, new_context
 from storage_migrator.kube.connection import api_client_from_settings
-from storage_migrator.migrations import read_migration
+from storage_migrator.migration.requests import read_migration
 from storage_migrator.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(600)]

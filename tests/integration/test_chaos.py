@@ -27,7 +27,7 @@ from devstack.chaos import Compactor, Writers, encode_data, fault_mix, judge, st
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import create_object
-from storage_migrator.migrations import read_migration
+from storage_migrator.migration.requests import read_migration
 from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
 from storage_migrator.settings import Settings
 

@@ -38,15 +38,16 @@ from kubernetes.client import ApiClient
 
 from kubesim import codec
 from kubesim.etcd import KV, prefix_end
-from storage_migrator.chunks import ChunkOptions, ChunkResult, MigrationAborted, add_progress, migrate_chunk
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.errors import Conflict, KubeError, NotFound
 from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.reading import read_object
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import create_object, delete_object, patch_object, replace_object
-from storage_migrator.lookahead import PageAhead
-from storage_migrator.migrations import (
+from storage_migrator.migration.chunks import ChunkOptions, ChunkResult, MigrationAborted, add_progress, migrate_chunk
+from storage_migrator.migration.lookahead import PageAhead
+from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
+from storage_migrator.migration.requests import (
     MIGRATIONS,
     MigrationCancelled,
     MigrationRecord,
@@ -55,7 +56,6 @@ from storage_migrator.migrations import (
     read_migration,
 )
 from storage_migrator.models import MigrationProgress, ObjectFailure, new_storage_version_migration
-from storage_migrator.pacing import BatchedPacer, LocalRateLimiter, Pacer
 from storage_migrator.settings import Settings
 
 pytestmark = pytest.mark.integration

@@ -19,10 +19,10 @@ from kubernetes import config as k8s_config
 
 from kubesim.leases import NAMESPACE as LEASE_NAMESPACE
 from storage_migrator.cli import main
-from storage_migrator.crds import storage_version_hash
-from storage_migrator.detection import SETTLE_ANNOTATION
-from storage_migrator.detection_plan import CreateState
-from storage_migrator.states import create_state
+from storage_migrator.detection.actions import CreateState
+from storage_migrator.detection.planner import SETTLE_ANNOTATION
+from storage_migrator.detection.states import create_state
+from storage_migrator.kube.crds import storage_version_hash
 
 V1 = storage_version_hash("", "v1", "ConfigMap")
 V2 = storage_version_hash("", "v2", "ConfigMap")

@@ -20,7 +20,7 @@ import yaml
 from conftest import Kubectl
 
 from storage_migrator.cli import main
-from storage_migrator.rbac import FIXED_RULES
+from storage_migrator.operations.rbac import FIXED_RULES
 
 CLI = str(Path(sys.executable).with_name("storage-migrator"))
 

@@ -28,10 +28,10 @@ from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter, EventResourceFilter
 
 from flows.events import MIGRATION_REQUESTED, STATE_REFINED, STORAGE_VERSION_CHANGED, emit_migration
-from storage_migrator.detection import storage_version_hash
+from storage_migrator.detection.planner import storage_version_hash
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.reading import read_object
-from storage_migrator.migrations import MIGRATIONS
+from storage_migrator.migration.requests import MIGRATIONS
 from storage_migrator.models import MigrationProgress
 from storage_migrator.settings import Settings
 

@@ -32,13 +32,13 @@ from kubesim.cluster import Cluster
 from kubesim.codec import decode
 from kubesim.etcd import EtcdStore, prefix_end
 from storage_migrator.cli import main
-from storage_migrator.crds import storage_version_hash
-from storage_migrator.dispatch import migration_resource
+from storage_migrator.detection.states import list_states
 from storage_migrator.kube.connection import api_client_from_settings
-from storage_migrator.migrations import list_migrations
+from storage_migrator.kube.crds import storage_version_hash
+from storage_migrator.migration.dispatch import migration_resource
+from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import UNKNOWN, StorageState, StorageVersionMigration
 from storage_migrator.settings import Settings
-from storage_migrator.states import list_states
 
 pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")
 

@@ -33,7 +33,7 @@ from kubesim.cluster import Cluster
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
-from storage_migrator.migrations import list_migrations
+from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import (
     CONDITION_FAILED,
     CONDITION_RUNNING,

@@ -32,14 +32,14 @@ from kubernetes.client import ApiClient
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdProcess, free_port, prefix_end
-from storage_migrator.chunks import ChunkOptions, add_progress, migrate_chunk
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.migrations import failure_summary
+from storage_migrator.migration.chunks import ChunkOptions, add_progress, migrate_chunk
+from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter
+from storage_migrator.migration.requests import failure_summary
+from storage_migrator.migration.settling import ServerTrouble
 from storage_migrator.models import MigrationProgress, ObjectFailure
-from storage_migrator.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.settings import Settings
-from storage_migrator.settling import ServerTrouble
 
 pytestmark = pytest.mark.integration
 
@@ -256,7 +256,7 @@ def test_the_migrate_resource_flow_across_two_restarts_ends_succeeded(cluster: C
     `Succeeded`": the whole flow, whose checkpoints and status writes also meet the
     window (they retry like the writes), and the request's condition is the verdict."""
     from flows.migrate_resource import migrate_resource
-    from storage_migrator.migrations import list_migrations
+    from storage_migrator.migration.requests import list_migrations
     from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
 
     count = 600

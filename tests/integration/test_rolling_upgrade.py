@@ -32,7 +32,7 @@ from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
-from storage_migrator.crds import storage_version_hash
+from storage_migrator.kube.crds import storage_version_hash
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
 

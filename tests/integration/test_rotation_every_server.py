@@ -251,7 +251,7 @@ def test_behind_a_load_balancer_every_server_is_heard_by_sampling(servers: Three
     import yaml
 
     from kubesim.balancer import RoundRobinBalancer
-    from storage_migrator.apiservers import observe_server_configs
+    from storage_migrator.agreement.apiservers import observe_server_configs
     from storage_migrator.kube.connection import api_client_from_settings
     from storage_migrator.settings import Settings
 
@@ -284,11 +284,11 @@ def test_a_checkpoint_taken_under_another_configuration_is_not_resumed(servers: 
     prove nothing: it starts again from the beginning. Told apart by the counters: resumed, the
     first chunk's 5 objects count as rewritten (by the run that died); started again, as unchanged."""
     from flows.migrate_resource import migrate_resource
-    from storage_migrator.chunks import ChunkOptions, add_progress, migrate_chunk
     from storage_migrator.kube.resources import ResourceRef
-    from storage_migrator.migrations import MigrationRecord, create_migration
+    from storage_migrator.migration.chunks import ChunkOptions, add_progress, migrate_chunk
+    from storage_migrator.migration.requests import MigrationRecord, create_migration
     from storage_migrator.models import MigrationProgress, new_storage_version_migration
-    from storage_migrator.rotation import ENCRYPTION_KEY_ANNOTATION
+    from storage_migrator.rotation.decisions import ENCRYPTION_KEY_ANNOTATION
 
     servers.roll_all(KEY1, KEY2)
     servers.roll_all(KEY2, KEY1)

@@ -69,7 +69,7 @@ def paused(name: str, *, after: set[tuple[str, str]]) -> Callable[[], Any]:
 def recorded_phase(key: str) -> str | None:
     from prefect.variables import Variable
 
-    from storage_migrator.rotation_runbook import record_name
+    from storage_migrator.rotation.runbook import record_name
 
     saved = Variable.get(record_name(key))
     return saved["phase"] if isinstance(saved, dict) else None

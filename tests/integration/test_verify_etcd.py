@@ -103,7 +103,7 @@ def test_counts_secrets_by_key_across_a_rotation(
 
 def test_pages_at_one_revision(kubesim: Any, namespace: str, core: Any) -> None:
     """Pages of 2 over 5 Secrets, with a write after the first page: the count is the first page's snapshot."""
-    from storage_migrator.etcd_scan import EtcdEndpoint, scan_prefix
+    from storage_migrator.rotation.etcd_scan import EtcdEndpoint, scan_prefix
 
     for i in range(5):
         core.create_namespaced_secret(namespace, _secret(f"p{i}"))

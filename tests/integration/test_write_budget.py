@@ -2,7 +2,7 @@
 
 Issue 13: "The budget is the promise to the API server (seed 002: < 10 writes/s
 by default), and it must hold on the default installation too." What the server
-must hold for the rules of storage_migrator/write_share.py to work: the rate in
+must hold for the rules of storage_migrator/migration/write_share.py to work: the rate in
 `storage-migrator-writes`, one writer's lease per running migration in
 `storage-migrator-writes-writers`, released at the end, and a joiner that sees
 another writer waits before its first write.

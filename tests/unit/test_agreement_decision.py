@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from storage_migrator.agreement import (
+from storage_migrator.agreement.storage_versions import (
     MAX_PASSES,
     AgreementMoment,
     StorageVersionObservation,

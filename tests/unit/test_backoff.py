@@ -1,4 +1,4 @@
-"""How long a transient failure waits (storage_migrator.backoff.retry_delay).
+"""How long a transient failure waits (storage_migrator.migration.backoff.retry_delay).
 
 STYLE "Do this" 3: "Server hints win: `Retry-After` header first,
 `details.retryAfterSeconds` second, our backoff last." DESIGN 4.5: transient
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage_migrator.backoff import MAX_SERVER_HINT_SECONDS, retry_delay
 from storage_migrator.kube.errors import KubeError, ServerError, TooManyRequests, TransportError
+from storage_migrator.migration.backoff import MAX_SERVER_HINT_SECONDS, retry_delay
 
 
 def throttled(retry_after: float | None) -> TooManyRequests:

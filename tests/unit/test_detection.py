@@ -18,7 +18,7 @@ from conftest import migration_requested_by_detection
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
-from storage_migrator.detection import (
+from storage_migrator.detection.planner import (
     DETECTION_LABEL,
     DISCOVERY_REPORTER,
     SETTLE_ANNOTATION,
@@ -38,8 +38,8 @@ from storage_migrator.detection import (
     retry_delay_seconds,
     storage_version_hash,
 )
-from storage_migrator.dispatch import is_finished, migration_resource
 from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.migration.dispatch import is_finished, migration_resource
 from storage_migrator.models import (
     CONDITION_FAILED,
     CONDITION_RUNNING,

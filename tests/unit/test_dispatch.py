@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage_migrator.dispatch import (
+from storage_migrator.migration.dispatch import (
     OVER_PARALLEL_LIMIT,
     RUNNING_ELSEWHERE,
     DispatchPlan,

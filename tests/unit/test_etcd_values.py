@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from storage_migrator.etcd_values import Encrypted, Tally, Unencrypted, Unknown, classify
+from storage_migrator.rotation.etcd_values import Encrypted, Tally, Unencrypted, Unknown, classify
 
 
 def _varint(n: int) -> bytes:

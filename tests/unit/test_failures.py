@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 
 import pytest
 
-from storage_migrator.detection_plan import CreateMigration, UpdateState
-from storage_migrator.failures import DENIED_PREFIX, fix_hint, object_failure, scrubbed_detail
+from storage_migrator.detection.actions import CreateMigration, UpdateState
+from storage_migrator.detection.changes import PollChanges
 from storage_migrator.kube.errors import Forbidden, KubeError, StatusDict
-from storage_migrator.migrations import failure_summary
+from storage_migrator.migration.failures import DENIED_PREFIX, fix_hint, object_failure, scrubbed_detail
+from storage_migrator.migration.requests import failure_summary
 from storage_migrator.models import UNKNOWN, ObjectFailure, StorageState
-from storage_migrator.poll_changes import PollChanges
 
 SENTINEL = "s3cr3t-sentinel-value"
 
@@ -161,7 +161,7 @@ def test_a_whole_run_verdict_quotes_the_answer_without_its_message() -> None:
     """Issue 12 item 6 for the verdicts that end a run (a LIST failing, a 405): a conversion
     webhook failing a LIST may quote an object in its message, so only the code, the reason
     and the field paths or the denied permission are kept."""
-    from storage_migrator.failures import answer_summary
+    from storage_migrator.migration.failures import answer_summary
 
     webhook = KubeError(code=500, reason="InternalError", what="LIST widgets",
                         message=f'conversion webhook for example.com/v2, Kind=Widget failed: "{SENTINEL}"')  # fmt: skip

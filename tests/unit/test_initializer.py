@@ -15,15 +15,19 @@ from typing import Any, cast
 
 import pytest
 
-from storage_migrator.crds import CrdObservation
-from storage_migrator.detection import SINCE_ANNOTATION, format_time
-from storage_migrator.detection_plan import CreateMigration, CreateState, DeleteMigration, UpdateState
-from storage_migrator.initializer import (
+from storage_migrator.agreement.reporters import ReporterHash
+from storage_migrator.detection.actions import CreateMigration, CreateState, DeleteMigration, UpdateState
+from storage_migrator.detection.changes import is_heartbeat
+from storage_migrator.detection.initializer import (
     ApiServiceInfo,
     InitialRequest,
     InitPlan,
     plan_initialization,
 )
+from storage_migrator.detection.observation import Observations
+from storage_migrator.detection.planner import SINCE_ANNOTATION, format_time
+from storage_migrator.detection.poll import plan_poll
+from storage_migrator.kube.crds import CrdObservation
 from storage_migrator.kube.discovery import (
     APIResourceListDoc,
     DiscoveredResource,
@@ -41,10 +45,6 @@ from storage_migrator.models import (
     new_storage_version_migration,
     set_condition,
 )
-from storage_migrator.observation import Observations
-from storage_migrator.poll_changes import is_heartbeat
-from storage_migrator.poll_plan import plan_poll
-from storage_migrator.reporters import ReporterHash
 from storage_migrator.settings import Settings
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from sqlalchemy import inspect
 
-from storage_migrator.chunks import ChunkResult
 from storage_migrator.cli.history import parse_since
 from storage_migrator.ledger import queries
 from storage_migrator.ledger.database import (
@@ -29,6 +28,7 @@ from storage_migrator.ledger.database import (
 from storage_migrator.ledger.recorder import RunRecorder, encryption_key_of, requested_by
 from storage_migrator.ledger.records import PollRecord, StateChange
 from storage_migrator.ledger.writer import LedgerWriter, WriterOptions
+from storage_migrator.migration.chunks import ChunkResult
 from storage_migrator.models import (
     GroupVersionResource,
     MigrationProgress,

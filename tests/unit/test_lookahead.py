@@ -1,4 +1,4 @@
-"""The page asked for ahead (storage_migrator.lookahead), without a cluster.
+"""The page asked for ahead (storage_migrator.migration.lookahead), without a cluster.
 
 Issue 13: "the next page's continue token is known as soon as the LIST returns";
 DESIGN 4.5: "a crash re-does at most one chunk and never skips an object". A page
@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 from storage_migrator.kube.listing import ListPage
-from storage_migrator.lookahead import PageAhead
+from storage_migrator.migration.lookahead import PageAhead
 
 
 def page(token: str | None) -> ListPage:

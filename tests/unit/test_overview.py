@@ -19,7 +19,7 @@ from storage_migrator.models import (
     new_storage_version_migration,
     set_condition,
 )
-from storage_migrator.overview import overview
+from storage_migrator.operations.overview import overview
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""Pacing writes (storage_migrator.pacing), on a fake clock.
+"""Pacing writes (storage_migrator.migration.pacing), on a fake clock.
 
 DESIGN 4.5: "Writes are rate limited by one budget shared by every worker ...
 acquired with `strict=True` in batches of k writes, the writes paced inside the
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage_migrator.pacing import BatchedPacer, LocalRateLimiter, NoPacing, Pacer, WriteBudget
+from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, NoPacing, Pacer, WriteBudget
 
 
 class FreeBudget:

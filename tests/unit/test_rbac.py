@@ -14,7 +14,7 @@ import yaml
 from kubesim.authn import UserInfo
 from kubesim.rbac_authorizer import Attributes, rule_allows
 from storage_migrator.kube.discovery import DiscoveredResource
-from storage_migrator.rbac import (
+from storage_migrator.operations.rbac import (
     EVERYTHING,
     FIXED_RULES,
     PolicyRule,

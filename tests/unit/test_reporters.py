@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from storage_migrator.agreement.reporters import GC_PERIODS, ReporterHash, ReporterRound, record_reports
 from storage_migrator.models import StorageVersionHash
-from storage_migrator.reporters import GC_PERIODS, ReporterHash, ReporterRound, record_reports
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 MIN = timedelta(minutes=1)

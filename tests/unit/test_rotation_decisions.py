@@ -20,7 +20,7 @@ from storage_migrator.models import (
     new_storage_version_migration,
     set_condition,
 )
-from storage_migrator.rotation import (
+from storage_migrator.rotation.decisions import (
     ENCRYPTION_KEY_ANNOTATION,
     InvalidKeyName,
     ResourceRotation,

@@ -13,7 +13,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from storage_migrator.rotation_runbook import (
+from storage_migrator.agreement.server_configs import ConfigSample, IdentityLease, id_hash, server_configs
+from storage_migrator.rotation.runbook import (
     OPERATOR_PHASES,
     PHASES,
     RunbookRecord,
@@ -22,7 +23,6 @@ from storage_migrator.rotation_runbook import (
     phase_reached,
     record_name,
 )
-from storage_migrator.server_configs import ConfigSample, IdentityLease, id_hash, server_configs
 
 NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 H0, H1 = "sha256:" + "0" * 64, "sha256:" + "1" * 64

@@ -20,7 +20,7 @@ from storage_migrator.kube.errors import (
     is_server_trouble,
     is_settling_answer,
 )
-from storage_migrator.settling import RetryStep, ServerTrouble, retry_step
+from storage_migrator.migration.settling import RetryStep, ServerTrouble, retry_step
 
 
 def answer(code: int, reason: str = "") -> KubeError:

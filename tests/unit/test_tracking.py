@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from storage_migrator.detection.tracking import tracked_resources
 from storage_migrator.kube.discovery import DiscoveredResource
-from storage_migrator.tracking import tracked_resources
 
 RW = ("get", "list", "patch", "update")
 
@@ -73,8 +73,8 @@ def test_shared_storage_is_tracked_once_under_the_first_group() -> None:
 
 def test_select_resources_honours_include_then_exclude() -> None:
     """DESIGN 5: "resources to include / exclude" apply to detection as to initialize."""
+    from storage_migrator.detection.tracking import select_resources
     from storage_migrator.kube.discovery import DiscoveredResource
-    from storage_migrator.tracking import select_resources
 
     def entry(group: str, resource: str) -> DiscoveredResource:
         return DiscoveredResource(group=group, version="v1", resource=resource, kind="K", namespaced=True,
@@ -92,7 +92,7 @@ def test_select_resources_honours_include_then_exclude() -> None:
 def test_include_and_exclude_speak_of_storage() -> None:
     """Issue 24: detection and `initialize` select alike (one rule, `listed_out`): naming either
     name of a shared storage selects, or excludes, that storage, tracked under its kept name."""
-    from storage_migrator.tracking import listed_out, select_resources
+    from storage_migrator.detection.tracking import listed_out, select_resources
 
     core = res("events", "r2yiGXH7wu8=", group="")
     other = res("events", "r2yiGXH7wu8=", group="events.k8s.io")

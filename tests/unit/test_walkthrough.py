@@ -10,7 +10,7 @@ servers: the stored state must still be the table's. The 45 row is fed as the
 migration requested at 40 succeeding (started 41, finished 44), then a poll.
 
 The seed's "identical in the past two polls" is read as "every reporter has
-reported since the change" (see storage_migrator/detection.py's docstring): the
+reported since the change" (see storage_migrator/detection/planner.py's docstring): the
 table starts migrations at 20 and 40, right after polls that disagreed.
 """
 
@@ -24,7 +24,7 @@ from typing import Literal
 import pytest
 from conftest import migration_requested_by_detection
 
-from storage_migrator.detection import (
+from storage_migrator.detection.planner import (
     SINCE_ANNOTATION,
     CreateMigration,
     CreateState,

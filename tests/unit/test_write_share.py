@@ -1,4 +1,4 @@
-"""A writer's share of the write budget (storage_migrator.write_share), simulated.
+"""A writer's share of the write budget (storage_migrator.migration.write_share), simulated.
 
 Issue 13: "at 10, 50 and 200 writes/s, achieved rate / budget between 0.95 and
 1.00 over the run and never above 1.0 in any 10 s window, with 1 and with 3
@@ -15,7 +15,14 @@ from collections.abc import Callable
 
 import pytest
 
-from storage_migrator.write_share import BURST, CATCH_UP_SECONDS, ShareView, WindowedLimiter, join_wait, share_pace
+from storage_migrator.migration.write_share import (
+    BURST,
+    CATCH_UP_SECONDS,
+    ShareView,
+    WindowedLimiter,
+    join_wait,
+    share_pace,
+)
 
 WINDOW = 10.0
 MAX_AGE = 5.0

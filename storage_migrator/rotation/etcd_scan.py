@@ -6,7 +6,7 @@ reached every object (DESIGN 4.8), so it reads etcd directly, as
 leases, no watches. It pages through the prefix a page at a time and reads
 every page at the revision of the first, so the counts are one consistent
 snapshot even while the API server keeps writing. Each value is classified
-(storage_migrator.etcd_values) and dropped at once: never kept, logged or
+(storage_migrator.rotation.etcd_values) and dropped at once: never kept, logged or
 printed, and neither are the keys (DESIGN 8: these are Secrets).
 
 We use the raw gRPC stubs of `etcd-sdk-python` (import `pyetcd`), the client
@@ -25,7 +25,7 @@ import grpc
 import pyetcd
 from pyetcd import etcdrpc
 
-from storage_migrator.etcd_values import Tally, classify
+from storage_migrator.rotation.etcd_values import Tally, classify
 
 __all__ = ["EtcdEndpoint", "EtcdScanError", "PrefixScan", "prefix_end", "scan_prefix"]
 

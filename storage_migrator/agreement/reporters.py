@@ -5,7 +5,7 @@ entry per reporter (one per API server) in the StorageState, each with its own
 heartbeat, and decides from that list whether the API servers agree. This
 module holds the bookkeeping of that list as pure functions, so the rules are
 table- and property-tested apart from the detection plan that uses them
-(:mod:`storage_migrator.detection`).
+(:mod:`storage_migrator.detection.planner`).
 
 Seed 000, "Extending the work flow of the triggering controller": every poll,
 each reporter "updates (or creates) the element in status.storageVersionhashes

@@ -35,7 +35,7 @@ resource has reporters, one per API server (``reporters``; without any, one
 reporter showing the hash of ``discovered``: the single-server case is the
 one-reporter case of the same rules, not a second code path). Their list,
 ``status.currentStorageVersionHashes``, is kept by
-:func:`storage_migrator.reporters.record_reports` (merge, heartbeats, removal
+:func:`storage_migrator.agreement.reporters.record_reports` (merge, heartbeats, removal
 after 3 silent periods). Then:
 
 - every hash a reporter shows joins ``persistedStorageVersionHashes`` at once;
@@ -67,15 +67,11 @@ Times in annotations are RFC 3339 with second precision (``metav1.Time``'s).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from typing import Final
+from dataclasses import dataclass
+from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from storage_migrator.crds import CrdObservation, storage_version_hash
-from storage_migrator.detection_plan import (
-    PLANNER_REQUESTERS,
+from storage_migrator.agreement.reporters import DISCOVERY_REPORTER, ReporterHash, ReporterRound, record_reports
+from storage_migrator.detection.actions import (
     Action,
     CreateMigration,
     CreateState,
@@ -84,21 +80,38 @@ from storage_migrator.detection_plan import (
     TrimStoredVersions,
     UpdateState,
 )
-from storage_migrator.dispatch import finished_at, is_finished, migration_resource
+from storage_migrator.detection.rules import (
+    DETECTION_LABEL,
+    DETECTION_LABEL_VALUE,
+    SETTLE_ANNOTATION,
+    SINCE_ANNOTATION,
+    DetectionSettings,
+    describe,
+    is_detection_migration,
+    parse_time,
+    retry_allowed_at,
+    retry_delay_seconds,
+)
+from storage_migrator.detection.status_draft import (
+    StatusDraft,
+    draft_of,
+    forget_since,
+    record_hashes,
+    refine,
+    settle,
+)
+from storage_migrator.detection.tracking import track_storage
+from storage_migrator.kube.crds import CrdObservation, storage_version_hash
 from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.migration.dispatch import is_finished, migration_resource
 from storage_migrator.models import (
-    CONDITION_FAILED,
-    CONDITION_SUCCEEDED,
     UNKNOWN,
     StorageState,
     StorageVersionMigration,
     as_utc,
     format_time,
-    is_condition_true,
     storage_state_name,
 )
-from storage_migrator.reporters import DISCOVERY_REPORTER, ReporterHash, ReporterRound, record_reports
-from storage_migrator.tracking import track_storage
 
 __all__ = [
     "DETECTION_LABEL",
@@ -123,111 +136,6 @@ __all__ = [
     "storage_version_hash",
 ]
 
-#: Label on the migrations detection creates; its value is :data:`DETECTION_LABEL_VALUE`.
-DETECTION_LABEL: Final = "migration.k8s.io/requested-by"
-DETECTION_LABEL_VALUE: Final = "detection"
-#: StorageState annotation: when status.currentStorageVersionHash was set (RFC 3339).
-SINCE_ANNOTATION: Final = "migration.k8s.io/current-hash-since"
-#: StorageState annotation: no migration is requested before this time (RFC 3339), after a change.
-SETTLE_ANNOTATION: Final = "migration.k8s.io/settle-until"
-
-
-def parse_time(text: str | None) -> datetime | None:
-    """An aware UTC datetime from RFC 3339 text; None when absent or unreadable."""
-    if not text:
-        return None
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC)
-
-
-class DetectionSettings(BaseModel):
-    """The knobs of one detection poll (from :class:`storage_migrator.settings.Settings`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    settle_seconds: float = Field(
-        ge=0,
-        description=(
-            "Seconds after a hash change before a migration is requested (seed 004's "
-            "loose guarantee, about a minute); 0 requests it in the same poll."
-        ),
-    )
-    stale_after_seconds: float = Field(
-        gt=0,
-        description="A heartbeat older than this (seconds) makes a StorageState stale: two poll periods (DESIGN 4.3).",
-    )
-    poll_seconds: float = Field(
-        default=600,
-        gt=0,
-        description=(
-            "Period of the detection poll in seconds. Default 600 (seed 000: every 10 "
-            "minutes). A reporter not heard within one period blocks new migrations; one "
-            "silent for more than three periods is removed (seed 000, HA)."
-        ),
-    )
-    retry_base_seconds: float = Field(
-        default=600,
-        gt=0,
-        description="Wait after the first failed migration before the next request, in seconds. Default 600.",
-    )
-    retry_max_seconds: float = Field(
-        default=86400,
-        gt=0,
-        description="Upper bound of the wait between requests after failures, in seconds. Default a day.",
-    )
-
-
-def retry_delay_seconds(failures: int, *, base: float, maximum: float) -> float:
-    """Wait after the ``failures``-th failed attempt: base, 2 base, 4 base ... capped at ``maximum``."""
-    if failures <= 0:
-        return 0.0
-    # Cap the exponent: 2**60 base already exceeds any sane maximum.
-    return float(min(base * 2 ** min(failures - 1, 60), maximum))
-
-
-def _is_detection_migration(migration: StorageVersionMigration) -> bool:
-    return (migration.metadata.labels or {}).get(DETECTION_LABEL) in PLANNER_REQUESTERS
-
-
-def _proves(migration: StorageVersionMigration, *, current: str, since: datetime | None) -> bool:
-    """Whether this migration rewrote every object to ``current`` after ``current`` was recorded."""
-    started = migration.status.started_at
-    return (
-        since is not None
-        and started is not None
-        and started >= since
-        and migration.status.target_storage_version_hash == current
-    )
-
-
-def _retry_allowed_at(
-    migrations: Sequence[StorageVersionMigration],
-    *,
-    current: str,
-    since: datetime | None,
-    settings: DetectionSettings,
-) -> tuple[datetime | None, int]:
-    """When detection may request again after its failed attempts at ``current`` since ``since``."""
-    failed = [
-        m
-        for m in migrations
-        if _is_detection_migration(m)
-        and is_condition_true(m.status.conditions, CONDITION_FAILED)
-        and _proves(m, current=current, since=since)
-    ]
-    if not failed:
-        return None, 0
-    ends = [t for t in (finished_at(m) or m.status.started_at for m in failed) if t is not None]
-    if not ends:
-        return None, len(failed)
-    delay = retry_delay_seconds(len(failed), base=settings.retry_base_seconds, maximum=settings.retry_max_seconds)
-    return max(ends) + timedelta(seconds=delay), len(failed)
-
 
 @dataclass(frozen=True)
 class _Observed:
@@ -245,25 +153,6 @@ class _Observed:
         return [m for m in self.migrations if not is_finished(m)]
 
 
-@dataclass
-class _Draft:
-    """The new status of one StorageState, built step by step (see :func:`_plan_existing`)."""
-
-    previous: str | None
-    current: str
-    persisted: list[str]
-    annotations: dict[str, str]
-    since: datetime | None
-    settle_until: datetime | None
-    reasons: list[str] = field(default_factory=list)
-    refined_by: str | None = None
-
-    def start_clock(self, now: datetime) -> None:
-        """The current hash is recorded from now on (SINCE_ANNOTATION)."""
-        self.since = now
-        self.annotations[SINCE_ANNOTATION] = format_time(now)
-
-
 def plan_detection(
     *,
     discovered: Sequence[DiscoveredResource],
@@ -276,10 +165,10 @@ def plan_detection(
 ) -> DetectionPlan:
     """The actions of one poll of seed 000's triggering controller.
 
-    One tracked resource per storage (:func:`storage_migrator.tracking.track_storage`).
+    One tracked resource per storage (:func:`storage_migrator.detection.tracking.track_storage`).
     ``reporters`` are this poll's per-API-server hashes (seed 000, HA); a
     tracked resource none of them names has one reporter,
-    :data:`~storage_migrator.reporters.DISCOVERY_REPORTER`, showing the hash
+    :data:`~storage_migrator.agreement.reporters.DISCOVERY_REPORTER`, showing the hash
     of ``discovered``: the single-server case, through the same rules.
     StorageStates whose resource is not in ``discovered`` are left alone (no
     action): the resource may be served again later (a CRD being re-created, an
@@ -342,7 +231,7 @@ def _plan_new(observed: _Observed, *, now: datetime, settings: DetectionSettings
             annotations={SINCE_ANNOTATION: format_time(now)} if reporters.agreed else {},
             current_hashes=reporters.entries,
             reason="no StorageState: created with persisted [Unknown] (seed 000)"
-            + ("" if reporters.agreed else f"; reporters disagree ({_describe(reporters)})"),
+            + ("" if reporters.agreed else f"; reporters disagree ({describe(reporters)})"),
         )
     ]
     if reporters.agreed and not observed.pending:
@@ -359,15 +248,15 @@ def _plan_existing(
     reporters = record_reports(
         state.status.current_storage_version_hashes, observed.reports, now=now, poll_seconds=settings.poll_seconds
     )
-    draft = _draft_of(state, reporters, fallback=observed.entry.storage_version_hash)
+    draft = draft_of(state, reporters, fallback=observed.entry.storage_version_hash)
     changed = reporters.agreed is not None and reporters.agreed != draft.previous
     deletions = _cancellations(observed, draft, reporters, changed=changed)
-    _record_hashes(draft, state, reporters, now=now, settings=settings, changed=changed)
+    record_hashes(draft, state, reporters, now=now, settings=settings, changed=changed)
     if changed:
-        _settle(draft, now=now, settings=settings)
+        settle(draft, now=now, settings=settings)
     if reporters.disagree:
-        _forget_since(draft, reporters)
-    proof = _refine(draft, observed.migrations, reporters)
+        forget_since(draft, reporters)
+    proof = refine(draft, observed.migrations, reporters)
     update = UpdateState(
         name=observed.name,
         resource_version=state.metadata.resource_version or "",
@@ -389,25 +278,8 @@ def _plan_existing(
     return actions
 
 
-def _draft_of(state: StorageState, reporters: ReporterRound, *, fallback: str) -> _Draft:
-    """The status as read; ``current`` already the agreed hash, or kept while there is none."""
-    status = state.status
-    annotations = dict(state.metadata.annotations or {})
-    previous = status.current_storage_version_hash
-    return _Draft(
-        previous=previous,
-        # Seed 000 HA: the hash moves only on agreement; status.currentStorageVersionHash
-        # (the non-HA field, for tooling) keeps the last agreed hash meanwhile.
-        current=reporters.agreed or previous or fallback,
-        persisted=list(status.persisted_storage_version_hashes),
-        annotations=annotations,
-        since=parse_time(annotations.get(SINCE_ANNOTATION)),
-        settle_until=parse_time(annotations.get(SETTLE_ANNOTATION)),
-    )
-
-
 def _cancellations(
-    observed: _Observed, draft: _Draft, reporters: ReporterRound, *, changed: bool
+    observed: _Observed, draft: StatusDraft, reporters: ReporterRound, *, changed: bool
 ) -> list[DeleteMigration]:
     """Detection's unfinished migrations to delete: on a change of the agreed hash, or on disagreement.
 
@@ -420,126 +292,14 @@ def _cancellations(
     if changed:
         reason = f"storage version hash changed from {draft.previous} to {draft.current}"
     elif reporters.disagree:
-        reason = f"API servers disagree on the storage version hash ({_describe(reporters)})"
+        reason = f"API servers disagree on the storage version hash ({describe(reporters)})"
     else:
         return []
     return [
         DeleteMigration(name=m.metadata.name, uid=m.metadata.uid, reason=reason)
         for m in observed.pending
-        if _is_detection_migration(m) and m.metadata.name
+        if is_detection_migration(m) and m.metadata.name
     ]
-
-
-def _record_hashes(
-    draft: _Draft,
-    state: StorageState,
-    reporters: ReporterRound,
-    *,
-    now: datetime,
-    settings: DetectionSettings,
-    changed: bool,
-) -> None:
-    """Persisted hashes and SINCE: stale reset, change, or heartbeat; then every hash seen joins."""
-    heartbeat = state.status.last_heartbeat_time
-    stale = heartbeat is None or (now - heartbeat).total_seconds() > settings.stale_after_seconds
-    if stale or not draft.persisted or draft.previous is None:
-        # Seed 000: "if the timestamp is more than 10 minutes old, it recreates
-        # storageState object with persistedStorageVersionHashes set to ["Unknown"]"
-        # (two poll periods here, DESIGN 4.3). A state without a heartbeat, a current
-        # hash or a persisted list is as untrustworthy. "Unknown" covers every hash seen.
-        draft.persisted = [UNKNOWN]
-        draft.start_clock(now)
-        if stale:
-            age = "no heartbeat" if heartbeat is None else f"heartbeat {format_time(heartbeat)}"
-            draft.reasons.append(
-                f"stale ({age}, older than {settings.stale_after_seconds:g}s): persisted reset to [Unknown]"
-            )
-        else:
-            draft.reasons.append("incomplete status: persisted reset to [Unknown]")
-        return
-    if changed:
-        # Seed 000: "as a single operation, updates the status.lastHeartbeatTime, sets
-        # storageState.status.currentStorageVersionHash to the value shown in the
-        # discovery document, and appends the hash to the
-        # storageState.status.persistedStorageVersionHashes" (appended below).
-        draft.start_clock(now)
-        draft.reasons.append(f"storage version hash changed from {draft.previous} to {draft.current}")
-    else:
-        # Seed 000: "If they are the same, the controller simply updates the
-        # status.lastHeartbeatTime and is done."
-        draft.reasons.append("heartbeat")
-        if draft.since is None and reporters.agreed is not None:
-            # Without the time the hash was recorded (or agreed on again, see
-            # _forget_since) no migration can prove it rewrote everything to it;
-            # start the clock now (a new migration follows).
-            draft.start_clock(now)
-            draft.reasons.append(f"no {SINCE_ANNOTATION} annotation: set to now")
-    # Seed 000 HA: every reporter "adds the storage version hash to
-    # PersistedStorageVersionHashes if the local storage version hash is not present
-    # there yet". A hash already recorded as current is covered by "Unknown" (a fresh
-    # ["Unknown"] stays as it is, as in the single-server rule).
-    for hash_ in reporters.seen:
-        covered = UNKNOWN in draft.persisted and hash_ == draft.previous
-        if hash_ not in draft.persisted and not covered:
-            draft.persisted.append(hash_)
-    # The current hash is always covered by the persisted ones (objects written from
-    # now on are encoded in it); "Unknown" covers every version.
-    if draft.current not in draft.persisted and UNKNOWN not in draft.persisted:
-        draft.persisted.append(draft.current)
-
-
-def _settle(draft: _Draft, *, now: datetime, settings: DetectionSettings) -> None:
-    """Seed 004's loose guarantee: after a change of the agreed hash, wait before migrating."""
-    if settings.settle_seconds > 0:
-        draft.settle_until = now + timedelta(seconds=settings.settle_seconds)
-        draft.annotations[SETTLE_ANNOTATION] = format_time(draft.settle_until)
-    else:
-        draft.settle_until = None
-        draft.annotations.pop(SETTLE_ANNOTATION, None)
-
-
-def _forget_since(draft: _Draft, reporters: ReporterRound) -> None:
-    """While API servers disagree, no migration can prove anything: drop SINCE.
-
-    Objects may be written in any of the reported versions until they agree
-    again, so the clock restarts at the first poll that sees agreement (the
-    "no SINCE" rule of :func:`_record_hashes`): a migration that ran during the
-    disagreement (seed 000's walkthrough: started at 20, server 3 rolled back at
-    22) never refines the state.
-    """
-    draft.since = None
-    draft.annotations.pop(SINCE_ANNOTATION, None)
-    draft.reasons.append(f"API servers disagree ({_describe(reporters)}): current hash kept, no migration")
-
-
-def _refine(
-    draft: _Draft, migrations: list[StorageVersionMigration], reporters: ReporterRound
-) -> StorageVersionMigration | None:
-    """Refinement: the Succeeded migration that makes persisted ``[current]``, if any.
-
-    Seed 000: "If a migration completes, the controller finds the storageState of
-    that resource, updates its status.persistedStorageVersionHashes to equal its
-    status.currentStorageVersionHash" -- only while the API servers agree, and
-    only a Succeeded migration to the current hash that started after the hash
-    was recorded (DESIGN 4.3).
-    """
-    if reporters.agreed is None:
-        return None
-    current = draft.current
-    proof = next(
-        (
-            m
-            for m in reversed(migrations)
-            if is_condition_true(m.status.conditions, CONDITION_SUCCEEDED)
-            and _proves(m, current=current, since=draft.since)
-        ),
-        None,
-    )
-    if proof is not None and draft.persisted != [current]:
-        draft.persisted = [current]
-        draft.refined_by = proof.metadata.name
-        draft.reasons.append(f"refined: migration {proof.metadata.name} succeeded to {current}")
-    return proof
 
 
 def _trim(observed: _Observed, current: str, proof: StorageVersionMigration | None) -> TrimStoredVersions | None:
@@ -564,7 +324,7 @@ def _trim(observed: _Observed, current: str, proof: StorageVersionMigration | No
 
 def _request(
     observed: _Observed,
-    draft: _Draft,
+    draft: StatusDraft,
     reporters: ReporterRound,
     *,
     deleted: set[str | None],
@@ -587,19 +347,13 @@ def _request(
         return None
     if any(m.metadata.name not in deleted for m in observed.pending):
         return None
-    allowed_at, failures = _retry_allowed_at(observed.migrations, current=current, since=draft.since, settings=settings)
+    allowed_at, failures = retry_allowed_at(observed.migrations, current=current, since=draft.since, settings=settings)
     if allowed_at is not None and now < allowed_at:
         return None
     why = f"persisted {draft.persisted} is not [{current}]"
     if failures:
         why += f"; retry after {failures} failed attempt(s)"
     return _create_migration(observed.entry, current, why)
-
-
-def _describe(reporters: ReporterRound) -> str:
-    """``api-1=hashA, api-2=hashB (late: api-3)`` for a reason text."""
-    text = ", ".join(f"{e.reporter_id}={e.current_storage_version_hash}" for e in reporters.entries)
-    return text + (f" (late: {', '.join(reporters.late)})" if reporters.late else "")
 
 
 def _create_migration(entry: DiscoveredResource, target: str, reason: str) -> CreateMigration:

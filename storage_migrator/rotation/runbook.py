@@ -20,7 +20,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.server_configs import ServerConfigs
+from storage_migrator.agreement.server_configs import ServerConfigs
 
 __all__ = [
     "OPERATOR_PHASES",

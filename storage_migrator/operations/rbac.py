@@ -8,7 +8,7 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
 - per migrated resource, ``list`` (the chunked, metadata-only LIST) and
   ``patch`` (the no-op merge patch, DESIGN 4.5); ``update`` only where the
   migrator writes with the PUT fallback, i.e. where the resource serves no
-  ``patch`` (storage_migrator/targets.py ``write_mode_for``), and never with
+  ``patch`` (storage_migrator/migration/targets.py ``write_mode_for``), and never with
   ``allow_put=False``. Never ``get``, ``create`` or ``delete``: a worker cannot
   read a Secret except through the LIST it must make;
 - one rule per API group and verb set, resources sorted;
@@ -27,11 +27,11 @@ from typing import Any, Final
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from storage_migrator.chunks import WriteMode
+from storage_migrator.detection.tracking import select_resources, track_storage
 from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.migration.chunks import WriteMode
+from storage_migrator.migration.targets import UnknownResource, resolve_target, write_mode_for
 from storage_migrator.models import GROUP, STORAGE_STATES, STORAGE_VERSION_MIGRATIONS, storage_state_name
-from storage_migrator.targets import UnknownResource, resolve_target, write_mode_for
-from storage_migrator.tracking import select_resources, track_storage
 
 __all__ = [
     "DEFAULT_NAME",

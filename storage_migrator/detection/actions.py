@@ -1,6 +1,6 @@
 """The typed actions of one detection poll, and the plan that orders them.
 
-Design decision (DESIGN 3): the planner (:mod:`storage_migrator.detection`)
+Design decision (DESIGN 3): the planner (:mod:`storage_migrator.detection.planner`)
 returns these and nothing else; the detection task applies them one by one
 (tasks/detecting.py). Each StorageState gets at most one write per poll, and
 every action carries the reason a person reads in the flow run's log.
@@ -13,8 +13,8 @@ from typing import Annotated, Final, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.detection.tracking import SkippedResource
 from storage_migrator.models import StorageVersionHash, storage_state_name
-from storage_migrator.tracking import SkippedResource
 
 __all__ = [
     "INITIALIZE_REQUESTER",

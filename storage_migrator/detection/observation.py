@@ -14,15 +14,15 @@ from collections.abc import Callable
 from kubernetes.client import ApiClient
 from pydantic import BaseModel, Field
 
-from storage_migrator.agreement import AgreementSource
-from storage_migrator.apiservers import observe_agreement
-from storage_migrator.crds import CrdObservation, read_crds
+from storage_migrator.agreement.apiservers import observe_agreement
+from storage_migrator.agreement.reporters import ReporterHash
+from storage_migrator.agreement.storage_versions import AgreementSource
+from storage_migrator.detection.states import list_states
+from storage_migrator.kube.crds import CrdObservation, read_crds
 from storage_migrator.kube.discovery import DiscoveredResource, GroupVersionFailure, discover
-from storage_migrator.migrations import list_migrations
+from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import StorageState, StorageVersionMigration
-from storage_migrator.reporters import ReporterHash
 from storage_migrator.settings import Settings
-from storage_migrator.states import list_states
 
 __all__ = ["Observations", "observe_cluster"]
 

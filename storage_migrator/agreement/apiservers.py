@@ -1,7 +1,7 @@
 """Hearing every API server: which source of agreement the cluster offers, and what each server says.
 
 Design decision (DESIGN 4.4): the best source the cluster offers is used, and
-every source is turned into seed 000's reporters (:mod:`storage_migrator.reporters`),
+every source is turned into seed 000's reporters (:mod:`storage_migrator.agreement.reporters`),
 so detection applies one set of rules whatever the source:
 
 1. the StorageVersion API, when served and populated (one reporter per apiServerID);
@@ -25,7 +25,9 @@ from datetime import UTC, datetime
 from kubernetes.client import ApiClient
 from pydantic import BaseModel, Field
 
-from storage_migrator.agreement import AgreementSource, reporters_from_storage_versions
+from storage_migrator.agreement.reporters import ReporterHash, reporters_from_discoveries
+from storage_migrator.agreement.server_configs import ConfigSample, ServerConfigs, missing_ids, server_configs
+from storage_migrator.agreement.storage_versions import AgreementSource, reporters_from_storage_versions
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.discovery import DiscoveredResource, discover
 from storage_migrator.kube.endpoints import api_server_urls
@@ -33,8 +35,6 @@ from storage_migrator.kube.errors import KubeError
 from storage_migrator.kube.identity_leases import list_identity_leases
 from storage_migrator.kube.server_metrics import read_config_samples
 from storage_migrator.kube.storageversions import list_storage_versions
-from storage_migrator.reporters import ReporterHash, reporters_from_discoveries
-from storage_migrator.server_configs import ConfigSample, ServerConfigs, missing_ids, server_configs
 from storage_migrator.settings import Settings
 
 __all__ = ["SAMPLES_PER_SERVER", "Agreement", "observe_agreement", "observe_server_configs"]

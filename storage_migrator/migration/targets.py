@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.chunks import WriteMode
 from storage_migrator.kube.discovery import DiscoveredResource, pick_preferred
 from storage_migrator.kube.resources import ResourceRef
+from storage_migrator.migration.chunks import WriteMode
 
 __all__ = ["MigrationTarget", "UnknownResource", "resolve_target", "write_mode_for"]
 

@@ -21,7 +21,7 @@ everywhere). We do the same without touching key material:
 A live server that was not heard, or that serves no such metric, is *unknown*,
 and unknown is never agreement. Pure functions over observations; the flows
 only ask at the moments :func:`decide_config_gate` names, the same moments as
-seed 001's check of the StorageVersion (:mod:`storage_migrator.agreement`).
+seed 001's check of the StorageVersion (:mod:`storage_migrator.agreement.storage_versions`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.agreement import MAX_PASSES, AgreementMoment, AgreementVerdict
+from storage_migrator.agreement.storage_versions import MAX_PASSES, AgreementMoment, AgreementVerdict
 
 __all__ = [
     "CONFIG_METRIC",

@@ -26,7 +26,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from storage_migrator.dispatch import finished_at
+from storage_migrator.migration.dispatch import finished_at
 from storage_migrator.models import (
     KubeTime,
     MigrationPhase,

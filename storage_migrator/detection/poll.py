@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from storage_migrator.detection import DeleteMigration, DetectionPlan, DetectionSettings, plan_detection
-from storage_migrator.observation import Observations
-from storage_migrator.retention import plan_retention
+from storage_migrator.detection.observation import Observations
+from storage_migrator.detection.planner import DeleteMigration, DetectionPlan, DetectionSettings, plan_detection
+from storage_migrator.detection.retention import plan_retention
+from storage_migrator.detection.tracking import select_resources
 from storage_migrator.settings import Settings
-from storage_migrator.tracking import select_resources
 
 __all__ = ["detection_settings", "plan_poll"]
 

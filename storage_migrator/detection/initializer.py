@@ -2,7 +2,7 @@
 
 Design decision (issue 24; DESIGN 4.3, 4.7; seed 002 "Alpha workflow"): there is
 one path for the first look at a resource. ``initialize`` plans with
-:func:`storage_migrator.poll_plan.plan_poll`, the function every detection poll
+:func:`storage_migrator.detection.poll.plan_poll`, the function every detection poll
 and ``storage-migrator plan`` use: it creates (or updates) each StorageState
 with the hashes observed, through the same agreement rules, and requests a
 migration only where seed 000 would (no StorageState yet, or persisted not
@@ -31,15 +31,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.crds import as_mapping
-from storage_migrator.detection_plan import CreateMigration, CreateState, DeleteMigration, DetectionPlan, UpdateState
-from storage_migrator.dispatch import is_finished, migration_resource
+from storage_migrator.detection.actions import CreateMigration, CreateState, DeleteMigration, DetectionPlan, UpdateState
+from storage_migrator.detection.observation import Observations
+from storage_migrator.detection.poll import plan_poll
+from storage_migrator.detection.tracking import SkippedResource, listed_out, track_storage
+from storage_migrator.kube.crds import as_mapping
 from storage_migrator.kube.discovery import DiscoveredResource, GroupVersionFailure
+from storage_migrator.migration.dispatch import is_finished, migration_resource
 from storage_migrator.models import UNKNOWN, storage_state_name
-from storage_migrator.observation import Observations
-from storage_migrator.poll_plan import plan_poll
 from storage_migrator.settings import Settings
-from storage_migrator.tracking import SkippedResource, listed_out, track_storage
 
 __all__ = [
     "ApiServiceInfo",
@@ -161,7 +161,7 @@ def plan_initialization(
     """The detection poll's plan over every selected resource, and what it means for each.
 
     ``settings.include_resources`` / ``exclude_resources`` select the resources
-    as they do for every poll (:func:`storage_migrator.tracking.listed_out`).
+    as they do for every poll (:func:`storage_migrator.detection.tracking.listed_out`).
     Group versions discovery could not read (most often an aggregated API whose
     server is down) do not stop the rest: they are reported, and the flow ends
     Failed naming them; the states of their resources are left alone, as a poll

@@ -16,7 +16,7 @@ object's name and the API's reason, and the chunk goes on (upstream issue #83:
 no endless retries).
 
 A restarting API server denies (401/403) what it allows a moment later: such
-answers are waited out (`storage_migrator.settling` holds the policy). And
+answers are waited out (`storage_migrator.migration.settling` holds the policy). And
 before a chunk's result (so its checkpoint) is produced, every object that
 ended `failed` is tried once more, after `/readyz` answers 200 (bounded): only
 what still fails is `failed`.
@@ -35,8 +35,6 @@ from typing import Any, Literal
 from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.backoff import retry_delay
-from storage_migrator.failures import answer_summary, object_failure
 from storage_migrator.kube.errors import (
     RBAC_FIX,
     Conflict,
@@ -51,10 +49,12 @@ from storage_migrator.kube.health import READYZ_TIMEOUT_SECONDS, is_ready
 from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import WriteResult, rewrite_with_patch, rewrite_with_put
-from storage_migrator.lookahead import PageAhead
+from storage_migrator.migration.backoff import retry_delay
+from storage_migrator.migration.failures import answer_summary, object_failure
+from storage_migrator.migration.lookahead import PageAhead
+from storage_migrator.migration.pacing import NoPacing, Pacer
+from storage_migrator.migration.settling import RetryStep, ServerTrouble, retry_step
 from storage_migrator.models import MAX_RECORDED_FAILURES, MigrationProgress, ObjectFailure
-from storage_migrator.pacing import NoPacing, Pacer
-from storage_migrator.settling import RetryStep, ServerTrouble, retry_step
 
 __all__ = [
     "ChunkOptions",
@@ -385,7 +385,7 @@ def migrate_chunk(
     `ahead`, shared across the chunks of one migration: the page is taken from
     it when the previous chunk asked for it already, and the next page is asked
     for as soon as this one's token is known (metadata-only pages only; see
-    `storage_migrator.lookahead`), so the writers do not wait for a LIST.
+    `storage_migrator.migration.lookahead`), so the writers do not wait for a LIST.
     """
     pace = pacer or NoPacing()
     tally = _Tally()

@@ -30,7 +30,7 @@ from storage_migrator.models import StorageVersionMigration, phase_from_conditio
 
 __all__ = ["DURATION_BUCKETS", "PHASES", "MigratorCollector"]
 
-logger = logging.getLogger("storage_migrator.metrics")
+logger = logging.getLogger("storage_migrator.operations.metrics")
 
 PHASES: Final = ("Pending", "Running", "Succeeded", "Failed")
 #: Seconds: a small resource takes seconds, 100,000 Secrets at 10 writes/s close to three hours.

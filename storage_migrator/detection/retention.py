@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from storage_migrator.detection_plan import DeleteMigration
-from storage_migrator.dispatch import finished_at, is_finished, migration_resource
+from storage_migrator.detection.actions import DeleteMigration
+from storage_migrator.migration.dispatch import finished_at, is_finished, migration_resource
 from storage_migrator.models import (
     CONDITION_FAILED,
     StorageVersionMigration,

@@ -17,12 +17,12 @@ from typing import Protocol
 
 from kubernetes.client import ApiClient
 
-from storage_migrator.failures import DENIED_PREFIX, SCRUBBED_PREFIX, fix_hint
 from storage_migrator.kube.errors import RBAC_FIX, Conflict, NotFound, denied_permission
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.reading import read_object
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import create_object, patch_object
+from storage_migrator.migration.failures import DENIED_PREFIX, SCRUBBED_PREFIX, fix_hint
 from storage_migrator.models import (
     CONDITION_FAILED,
     CONDITION_RUNNING,
@@ -87,7 +87,7 @@ def failure_summary(failures: list[ObjectFailure], total: int) -> str:
     ...; to fix: ...` (first few named, then what to do about the first one's answer).
 
     Issue 12 item 6: only names, codes, reasons and field paths (see
-    :mod:`storage_migrator.failures`); a message recorded by an older version,
+    :mod:`storage_migrator.migration.failures`); a message recorded by an older version,
     free text that may quote the object, is left out.
     """
     named = ", ".join(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from storage_migrator.detection_plan import CreateMigration, UpdateState
+from storage_migrator.detection.actions import CreateMigration, UpdateState
 from storage_migrator.models import StorageState
 
 __all__ = ["HashChanged", "MigrationRequested", "PollChanges", "StateRefined", "is_heartbeat", "update_changes"]

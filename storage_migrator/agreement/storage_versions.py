@@ -1,7 +1,7 @@
 """Whether the API servers agree on the version they encode a resource in (DESIGN 4.4).
 
 Design decision: the sources of agreement are observations turned into one
-shape, the reporters of seed 000 (:class:`storage_migrator.reporters.ReporterHash`),
+shape, the reporters of seed 000 (:class:`storage_migrator.agreement.reporters.ReporterHash`),
 so detection applies one set of rules whatever the source. Best first:
 
 1. the StorageVersion API (seed 001, as shipped: ``internal.apiserver.k8s.io/v1alpha1``,
@@ -23,9 +23,9 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.crds import as_mapping, storage_version_hash
+from storage_migrator.agreement.reporters import ReporterHash
+from storage_migrator.kube.crds import as_mapping, storage_version_hash
 from storage_migrator.kube.discovery import DiscoveredResource
-from storage_migrator.reporters import ReporterHash
 
 __all__ = [
     "MAX_PASSES",

@@ -1,0 +1,18 @@
+"""Migration: rewriting every stored object of one resource, in chunks, resumably.
+
+Seed 002's migration worker and seed 003's requests (DESIGN 4.5, 4.6): a
+``StorageVersionMigration`` names a resource; its run lists it in chunks with
+continue tokens (the checkpoint), writes each object back unchanged under one
+write budget, and records failures by name, never by content.
+
+    requests.py     StorageVersionMigration objects and their lifecycle
+    targets.py      which resource a request names, checked against discovery
+    dispatch.py     which pending requests run now (one at a time per resource)
+    chunks.py       one chunk: a LIST page, then a no-op write of each item
+    lookahead.py    the next page, asked for while this one is written
+    failures.py     what is recorded of an object that could not be rewritten
+    settling.py     a settling API server, and the one retry policy
+    backoff.py      how long to wait before trying again
+    pacing.py       the write budget, spent in batches
+    write_share.py  a writer's share of the budget every worker shares
+"""

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import NoDecode
 
 
 class AgreementSettings(BaseModel):
     """Hearing every API server: their addresses and how long a rotation waits for them (DESIGN 4.4, issue 19)."""
 
-    api_servers: list[str] = Field(
+    # NoDecode: the comma form is split by _split_servers, not parsed as JSON first.
+    api_servers: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description=(
             "URLs of every API server, for HA agreement when the StorageVersion API is not "

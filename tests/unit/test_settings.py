@@ -73,3 +73,15 @@ def test_invalid_values_name_the_setting(monkeypatch: pytest.MonkeyPatch, env: s
 def test_in_cluster_and_kubeconfig_are_exclusive() -> None:
     with pytest.raises(ValidationError, match="not both"):
         Settings(in_cluster=True, kubeconfig=Path("/tmp/kc"))
+
+
+def test_api_servers_accept_the_comma_form_the_field_documents(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The description's own example, 'https://10.0.0.1:6443,https://10.0.0.2:6443', from the
+    environment (pydantic-settings parsed it as JSON first and refused it), and the JSON form."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_API_SERVERS", "https://10.0.0.1:6443, https://10.0.0.2:6443/")
+    assert Settings().api_servers == ["https://10.0.0.1:6443", "https://10.0.0.2:6443"]
+    monkeypatch.setenv("STORAGE_MIGRATOR_API_SERVERS", '["https://10.0.0.3:6443"]')
+    assert Settings().api_servers == ["https://10.0.0.3:6443"]
+    monkeypatch.setenv("STORAGE_MIGRATOR_API_SERVERS", "10.0.0.4:6443")
+    with pytest.raises(ValueError, match="expected https://HOST:PORT"):
+        Settings()

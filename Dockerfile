@@ -25,8 +25,11 @@ RUN pip install --no-cache-dir 'uv>=0.5,<1' \
 
 WORKDIR /opt/prefect
 
-# Dependencies first (a layer that changes only with the lock file).
+# Dependencies first (a layer that changes only with the lock file). sim/pyproject.toml
+# only describes the workspace's other member (kubesim and the dev stack, dev-only):
+# uv reads it to trust the lock, and installs none of it without the dev group.
 COPY pyproject.toml uv.lock README.md ./
+COPY sim/pyproject.toml ./sim/
 RUN uv sync --frozen --no-dev --no-install-project --no-cache
 
 # The project: the flows, tasks and domain code prefect.yaml's entrypoints name.
@@ -34,10 +37,6 @@ COPY prefect.yaml ./
 COPY storage_migrator ./storage_migrator
 COPY tasks ./tasks
 COPY flows ./flows
-# Listed in pyproject's wheel packages, so the project install needs them; never imported
-# by the product code (an import-linter contract).
-COPY kubesim ./kubesim
-COPY devstack ./devstack
 # The import check with a Prefect home of its own, removed after: nothing root-owned is left in /tmp.
 RUN uv sync --frozen --no-dev --no-cache \
     && storage-migrator --help >/dev/null \

@@ -1,6 +1,6 @@
 """What operators see in the Prefect UI (issue 23), read in a real browser.
 
-A headless Chromium (Debian's `chromium`, driven by Playwright: devstack/browser.py)
+A headless Chromium (Debian's `chromium`, driven by Playwright: sim/devstack/browser.py)
 opens the UI of the e2e tier's shared server (tests/e2e/conftest.py) after the
 project's deployments ran on it: a migration that succeeds, one that fails on an
 object a webhook rejects, and a guided key rotation that pauses for its form. Each

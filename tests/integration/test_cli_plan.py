@@ -37,7 +37,7 @@ def _plan(kubesim: Any, capsys: pytest.CaptureFixture[str], *extra: str) -> tupl
 
 def _written(kubesim: Any, before: int, after: int) -> list[str]:
     """Keys put or deleted in etcd after revision `before` up to `after`, but for the API
-    servers' identity leases: a server renews its own every 10 s (kubesim/leases.py, as
+    servers' identity leases: a server renews its own every 10 s (sim/kubesim/leases.py, as
     kube-apiserver does), which may fall while `plan` runs."""
     keys: list[str] = []
     if after == before:

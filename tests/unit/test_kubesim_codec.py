@@ -1,4 +1,4 @@
-"""kubesim's etcd value codec (kubesim/codec.py), without etcd.
+"""kubesim's etcd value codec (sim/kubesim/codec.py), without etcd.
 
 The rules held here come from reference/etcd-values.md (Secrets stored as
 `k8s:enc:aescbc:v1:key1:` + ciphertext) and DESIGN 6 (a no-op update is written

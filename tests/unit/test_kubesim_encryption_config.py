@@ -1,4 +1,4 @@
-"""kubesim's `--encryption-provider-config` parser (kubesim/encryption.py), without etcd.
+"""kubesim's `--encryption-provider-config` parser (sim/kubesim/encryption.py), without etcd.
 
 The rules and messages are those of k8s.io/apiserver's validation_encryption.go;
 each bad file must be refused with a message naming the field.

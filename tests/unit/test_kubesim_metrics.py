@@ -1,4 +1,4 @@
-"""kubesim's /metrics, rendered and hashed (kubesim/metrics.py), held to
+"""kubesim's /metrics, rendered and hashed (sim/kubesim/metrics.py), held to
 shared/reference/apiserver-metrics-encryption-config.txt (a real v1.36.2)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The patch formats kubesim applies (kubesim/patching.py), without a server.
+"""The patch formats kubesim applies (sim/kubesim/patching.py), without a server.
 
 Merge patch is held to RFC 7386 (its Appendix A examples), JSON patch to RFC
 6902 (its Appendix A examples), and the strategic merge patch to what the

@@ -1,4 +1,4 @@
-"""Decoding the protobuf bodies kubectl's generators send (kubesim/protobuf.py).
+"""Decoding the protobuf bodies kubectl's generators send (sim/kubesim/protobuf.py).
 
 The bodies are hand-encoded here with a tiny encoder: the `k8s\\x00` magic, then
 a `runtime.Unknown` (1: TypeMeta{1: apiVersion, 2: kind}, 2: raw, 3:

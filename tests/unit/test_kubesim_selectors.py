@@ -1,4 +1,4 @@
-"""Label and field selectors (kubesim/selectors.py), as LIST and WATCH take them.
+"""Label and field selectors (sim/kubesim/selectors.py), as LIST and WATCH take them.
 
 The label grammar is apimachinery's `labels.Parse`: `=`, `==`, `!=`, `in`,
 `notin`, `key` (exists), `!key` (does not exist), terms joined by commas (AND).

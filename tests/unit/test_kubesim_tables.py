@@ -1,4 +1,4 @@
-"""Server-side tables (kubesim/tables.py): what `kubectl get` prints.
+"""Server-side tables (sim/kubesim/tables.py): what `kubectl get` prints.
 
 A CRD's `additionalPrinterColumns` are read with a small JSONPath (including the
 filter form `[?(@.type=="Succeeded")]` printer columns use); `date` columns are

@@ -35,7 +35,7 @@ def cluster_role() -> dict[str, Any]:
 
 def allowed(group: str, resource: str, verb: str) -> bool:
     """Whether a rule of the role allows it, matched as kube-apiserver's RBAC matches
-    (kubesim/rbac_authorizer.py: `*` covers subresources, `resource/sub` is one name)."""
+    (sim/kubesim/rbac_authorizer.py: `*` covers subresources, `resource/sub` is one name)."""
     name, _, sub = resource.partition("/")
     attrs = Attributes(user=UserInfo("u"), verb=verb, path="", resource_request=True, api_group=group,
                        resource=name, subresource=sub)  # fmt: skip

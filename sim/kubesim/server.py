@@ -6,7 +6,7 @@ kubectl work against it unchanged (DESIGN 6): discovery, OpenAPI documents for
 kubectl's validation, GET/LIST/WATCH, POST, PUT, PATCH (merge, JSON,
 strategic), DELETE, the status subresource, metadata-only answers
 (`as=PartialObjectMetadata[List]`) and server-side tables (`as=Table`, with a
-CRD's printer columns), and `/metrics` (kubesim/metrics.py).
+CRD's printer columns), and `/metrics` (sim/kubesim/metrics.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _WATCH_TIMEOUT_DEFAULT = 1800.0
 class ApiServer(AdminOperations):
     """One simulated kube-apiserver: a registry, faults and an HTTP listener."""
 
-    #: Its identity lease and garbage collectors, while started (kubesim/leases.py).
+    #: Its identity lease and garbage collectors, while started (sim/kubesim/leases.py).
     identity: leases.IdentityLease | None = None
 
     def __init__(
@@ -56,13 +56,13 @@ class ApiServer(AdminOperations):
         access: AccessConfig | None = None,
     ) -> None:
         self.registry = registry
-        #: Authentication and RBAC (kubesim/access.py), when a token file is given.
+        #: Authentication and RBAC (sim/kubesim/access.py), when a token file is given.
         self.access_config = access if access is not None and access.authenticating else None
         self.access: AccessControl | None = None
         self.faults = Faults()
         self.aggregated = aggregation.AggregatedCache()
         self.started_at = time.time()
-        #: After a start, 403 to every API request for this long (kubesim/health.py).
+        #: After a start, 403 to every API request for this long (sim/kubesim/health.py).
         self.authz_warmup_seconds = authz_warmup_seconds
         self.warmup = health.Warmup(authz_warmup_seconds)
         self.connections: set[socket.socket] = set()
@@ -108,7 +108,7 @@ class ApiServer(AdminOperations):
     def stop(self, *, lease_seconds: int | None = None) -> None:
         """Stop serving and renewing. The identity lease and the StorageVersion entries stay
         (kube-apiserver deletes neither): the garbage collectors of the servers still up remove
-        them once the lease has expired, `lease_seconds` from now when given (kubesim/leases.py)."""
+        them once the lease has expired, `lease_seconds` from now when given (sim/kubesim/leases.py)."""
         self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()
@@ -271,7 +271,7 @@ class Handler(BaseHTTPRequestHandler):
             code, text = health.health_answer(path, warming=self.api.warmup.active(), verbose="verbose" in query)
             self._send(code, text, headers={"X-Content-Type-Options": "nosniff"}, ctype="text/plain; charset=utf-8")
             return
-        if method == "GET" and path == metrics.PATH:  # kubesim/metrics.py
+        if method == "GET" and path == metrics.PATH:  # sim/kubesim/metrics.py
             self.api.faults.count("metrics", "", bytes_in=len(raw))
             if self.api.warmup.active() and not self._superuser():
                 raise metrics.warmup_forbidden(self.user.name if self.user else None)

@@ -141,7 +141,7 @@ class AdminOperations:
 
     def set_metrics(self, body: dict[str, Any]) -> dict[str, Any]:
         """{"encryptionConfigInfo": false}: serve /metrics without
-        apiserver_encryption_config_controller_last_config_info (kubesim/metrics.py); true: with it."""
+        apiserver_encryption_config_controller_last_config_info (sim/kubesim/metrics.py); true: with it."""
         unknown = sorted(set(body) - {"encryptionConfigInfo"})
         on = body.get("encryptionConfigInfo")
         if unknown or not isinstance(on, bool):

@@ -187,12 +187,12 @@ def builtin_resources() -> list[ResourceType]:
             "apiregistration.k8s.io", "apiservices", "APIService", namespaced=False, categories=["api-extensions"],
             subresources=["status"], group_in_key=True,
         ),
-        # Identity leases of the API servers live in kube-system (kubesim/leases.py).
+        # Identity leases of the API servers live in kube-system (sim/kubesim/leases.py).
         _builtin("coordination.k8s.io", "leases", "Lease"),
-        # The `kubernetes` Service's slices: one per live API server (kubesim/cluster.py).
+        # The `kubernetes` Service's slices: one per live API server (sim/kubesim/cluster.py).
         _builtin("discovery.k8s.io", "endpointslices", "EndpointSlice"),
         # RBAC objects are stored and served (`kubectl apply -k deployments/`); with
-        # `--authorization-mode RBAC` they authorize every request (kubesim/rbac_authorizer.py).
+        # `--authorization-mode RBAC` they authorize every request (sim/kubesim/rbac_authorizer.py).
         _builtin("rbac.authorization.k8s.io", "clusterroles", "ClusterRole", namespaced=False),
         _builtin("rbac.authorization.k8s.io", "clusterrolebindings", "ClusterRoleBinding", namespaced=False),
         _builtin("rbac.authorization.k8s.io", "roles", "Role"),

@@ -22,7 +22,7 @@ class EncryptionConfig:
 
     Two sources. The admin API sets `resources` and `keys` (secrets derived from
     the key names; every key reads every resource). Or, as kube-apiserver's
-    `--encryption-provider-config`, a file (kubesim/encryption.py): then `file`
+    `--encryption-provider-config`, a file (sim/kubesim/encryption.py): then `file`
     alone decides, per resource, and `resources`/`keys` are not used.
     """
 
@@ -59,7 +59,7 @@ class EncryptionConfig:
 
     @property
     def config_hash(self) -> str:
-        """`sha256:<hex>` of the configuration in force (the `hash` label of /metrics, kubesim/metrics.py).
+        """`sha256:<hex>` of the configuration in force (the `hash` label of /metrics, sim/kubesim/metrics.py).
 
         From a file: the hash of the file's bytes as last applied (a failed
         reload keeps the old one). From the admin API: the hash of
@@ -123,6 +123,6 @@ class ServerConfig:
     # a stand-in for an API that serves no `patch` (some aggregated APIs), whose objects the
     # migrator re-writes with PUT (admin `verbs`)
     verbs: dict[str, list[str]] = field(default_factory=dict)
-    # /metrics reports apiserver_encryption_config_controller_last_config_info (kubesim/metrics.py);
+    # /metrics reports apiserver_encryption_config_controller_last_config_info (sim/kubesim/metrics.py);
     # False: served without it, as a server that predates the metric (admin `metrics`)
     encryption_config_metric: bool = True

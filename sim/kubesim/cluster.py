@@ -3,7 +3,7 @@ sharing it, each on its own loopback port, plus a kubeconfig for them.
 
 Several servers stand for an HA control plane during a rolling upgrade: each
 has its own storage versions, encryption keys and feature gates (its
-`ServerConfig`), its identity lease (kubesim/leases.py), and its EndpointSlice
+`ServerConfig`), its identity lease (sim/kubesim/leases.py), and its EndpointSlice
 of the `kubernetes` Service.
 
 EndpointSlices: kube-apiserver's endpoint reconciler keeps ONE slice named
@@ -53,7 +53,7 @@ def kubeconfig_doc(servers: list[ApiServer], *, token: str = "kubesim") -> dict[
         "contexts": contexts,
         "current-context": "kubesim",
         # Without a token file kubesim checks no credentials (any token will do); with one,
-        # the cluster's admin token, in group system:masters (kubesim/access.py).
+        # the cluster's admin token, in group system:masters (sim/kubesim/access.py).
         "users": [{"name": "kubesim-admin", "user": {"token": token}}],
         "preferences": {},
     }
@@ -95,7 +95,7 @@ class Cluster:
         ServerConfig of every server this cluster creates (kube-apiserver's --feature-gates).
 
         `encryption_config`: an `EncryptionConfiguration` file every server reads
-        (kube-apiserver's --encryption-provider-config, kubesim/encryption.py), or a
+        (kube-apiserver's --encryption-provider-config, sim/kubesim/encryption.py), or a
         list of `servers` files, server i reading the i-th (servers mid-way through a
         rolling update of the file; a ValueError for another length); an invalid one
         makes start() raise encryption.ConfigError. `automatic_reload`
@@ -106,7 +106,7 @@ class Cluster:
         `token_auth_file` (kube-apiserver's --token-auth-file) turns authentication on:
         bearer tokens of that CSV file, and the kubeconfig's admin token; anything else
         gets 401. `authorization_mode="RBAC"` (--authorization-mode) then authorizes every
-        request against the cluster's RBAC objects (kubesim/rbac_authorizer.py)."""
+        request against the cluster's RBAC objects (sim/kubesim/rbac_authorizer.py)."""
         self._etcd_process: EtcdProcess | None = None
         self._etcd_url = etcd_url
         self._count = servers
@@ -210,7 +210,7 @@ class Cluster:
         Connections in flight are dropped; for `down_seconds` the port refuses
         connections; then a new server (fresh in-memory state) answers 403 to every
         API request for `authz_warmup_seconds`, as kube-apiserver does until its
-        RBAC caches fill (kubesim/health.py). Its identity lease (same server ID)
+        RBAC caches fill (sim/kubesim/health.py). Its identity lease (same server ID)
         and its EndpointSlice (same port) are kept.
         """
         old = self.servers[index]
@@ -229,7 +229,7 @@ class Cluster:
 
         Its EndpointSlice goes at once. Its StorageVersion entries stay until its
         identity lease has expired: then the garbage collectors of the servers
-        still up delete the lease and drop the entries (kubesim/leases.py). The
+        still up delete the lease and drop the entries (sim/kubesim/leases.py). The
         lease expires `identity_lease_seconds` after its last renewal (3600 s by
         default, as kube-apiserver), or `lease_seconds` from now when given.
         """

@@ -11,7 +11,7 @@ etcd's mod_revision stands for), so "would the encoded bytes differ?" (the no-op
 rule, DESIGN 6) is a plain byte comparison.
 
 Keys set through the admin API get a secret derived from their name; keys of an
-`--encryption-provider-config` file (kubesim/encryption.py) bring their own,
+`--encryption-provider-config` file (sim/kubesim/encryption.py) bring their own,
 passed as `read_keys={name: secret}` and `write_secret`.
 """
 

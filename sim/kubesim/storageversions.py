@@ -10,7 +10,7 @@ says whether they do. Custom resources have none (as on v1.36).
 
 Only servers with the `StorageVersionAPI` gate publish; entries of servers that
 are gone are removed by `prune`, the storageversiongc controller's rule, once
-their identity lease is gone (kubesim/leases.py).
+their identity lease is gone (sim/kubesim/leases.py).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def publish(registry: Registry, *, withdraw: bool = False) -> None:
     none where it no longer serves the resource (a gate turned off). With the
     gate off, or `withdraw`: none at all (kubesim's stand-in for turning the API
     off; a real server needs a restart, and its old entries stay until the
-    garbage collector removes them, kubesim/leases.py).
+    garbage collector removes them, sim/kubesim/leases.py).
     """
     sv_type = storage_version_type()
     server_id = registry.config.server_id

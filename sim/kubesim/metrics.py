@@ -22,8 +22,8 @@ reads the real one.
   not even its HELP and TYPE lines.
 - Authorization: `/metrics` is a non-resource URL that no default role grants
   (kube-apiserver's `system:discovery` and `system:public-info-viewer` don't
-  list it): RBAC (kubesim/access.py) denies it to users without a rule for it;
-  during the authorization warm-up (kubesim/health.py) only `system:masters`
+  list it): RBAC (sim/kubesim/access.py) denies it to users without a rule for it;
+  during the authorization warm-up (sim/kubesim/health.py) only `system:masters`
   gets it.
 """
 

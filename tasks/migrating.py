@@ -19,10 +19,10 @@ from prefect.tasks import exponential_backoff
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.agreement.storage_versions import StorageVersionObservation
+from storage_migrator.agreement.storageversion_api import read_storage_version
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.kube.storageversions import read_storage_version
 from storage_migrator.ledger.recorder import encryption_key_of, requested_by
 from storage_migrator.migration.chunks import ChunkOptions, ChunkResult, MigrationAborted, WriteMode, migrate_chunk
 from storage_migrator.migration.lookahead import PageAhead

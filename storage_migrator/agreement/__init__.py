@@ -9,4 +9,7 @@ for a key rotation: every API server runs one encryption configuration.
     storage_versions.py  the sources of agreement and the verdict: go, abort, rerun
     apiservers.py        hearing every API server: the best source the cluster offers
     server_configs.py    which encryption configuration every API server runs
+    storageversion_api.py   reading StorageVersion objects (seed 001, as shipped)
+    identity_leases.py      reading the API servers' identity Leases: who is alive
+    server_metrics.py       reading one server's encryption configuration from /metrics
 """

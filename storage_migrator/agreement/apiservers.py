@@ -25,16 +25,16 @@ from datetime import UTC, datetime
 from kubernetes.client import ApiClient
 from pydantic import BaseModel, Field
 
+from storage_migrator.agreement.identity_leases import list_identity_leases
 from storage_migrator.agreement.reporters import ReporterHash, reporters_from_discoveries
 from storage_migrator.agreement.server_configs import ConfigSample, ServerConfigs, missing_ids, server_configs
+from storage_migrator.agreement.server_metrics import read_config_samples
 from storage_migrator.agreement.storage_versions import AgreementSource, reporters_from_storage_versions
+from storage_migrator.agreement.storageversion_api import list_storage_versions
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.discovery import DiscoveredResource, discover
 from storage_migrator.kube.endpoints import api_server_urls
 from storage_migrator.kube.errors import KubeError
-from storage_migrator.kube.identity_leases import list_identity_leases
-from storage_migrator.kube.server_metrics import read_config_samples
-from storage_migrator.kube.storageversions import list_storage_versions
 from storage_migrator.settings import Settings
 
 __all__ = ["SAMPLES_PER_SERVER", "Agreement", "observe_agreement", "observe_server_configs"]

@@ -35,17 +35,17 @@ from kubesim.authn import UserInfo
 from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdStore, prefix_end
 from kubesim.rbac_authorizer import Attributes, rule_allows
+from storage_migrator.agreement.identity_leases import list_identity_leases
+from storage_migrator.agreement.server_metrics import read_config_samples
+from storage_migrator.agreement.storageversion_api import list_storage_versions, read_storage_version
 from storage_migrator.detection.states import list_states
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.crds import CRDS
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.endpoints import api_server_urls
 from storage_migrator.kube.errors import RBAC_FIX, Forbidden, KubeError
-from storage_migrator.kube.identity_leases import list_identity_leases
 from storage_migrator.kube.listing import iterate_items, list_page
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.kube.server_metrics import read_config_samples
-from storage_migrator.kube.storageversions import list_storage_versions, read_storage_version
 from storage_migrator.kube.transport import request
 from storage_migrator.kube.writing import delete_object, patch_object, rewrite_with_patch, rewrite_with_put
 from storage_migrator.migration.requests import MIGRATIONS, create_migration, list_migrations, read_migration

@@ -25,7 +25,7 @@ from storage_migrator.agreement.server_configs import (
     missing_ids,
     server_configs,
 )
-from storage_migrator.kube.server_metrics import parse_config_samples
+from storage_migrator.agreement.server_metrics import parse_config_samples
 
 NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "apiserver-metrics-encryption-config.txt"

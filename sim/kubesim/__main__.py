@@ -173,7 +173,12 @@ def admin(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m kubesim", description="A Kubernetes API server simulator over etcd.")
     sub = top.add_subparsers(dest="mode", required=True)
+    _add_serve(sub)
+    _add_admin(sub)
+    return top
 
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_serve = sub.add_parser("serve", help="start kubesim", description=_SERVE_HELP,
                              formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p_serve.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig for the server(s)")
@@ -212,6 +217,8 @@ def parser() -> argparse.ArgumentParser:
     p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p_serve.set_defaults(func=serve)
 
+
+def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p_admin = sub.add_parser("admin", help="drive a running kubesim", description=_ADMIN_HELP,
                              formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p_admin.add_argument("--kubeconfig", required=True, help="the kubeconfig `serve` wrote")
@@ -256,7 +263,6 @@ def parser() -> argparse.ArgumentParser:
     p_st = cmds.add_parser("stored", help="what etcd holds under a key prefix (apiVersion or encryption key)")
     p_st.add_argument("prefix", nargs="?", default="/registry/", help="e.g. /registry/secrets/")
     p_admin.set_defaults(func=admin)
-    return top
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,3 +37,24 @@ def managed_fields_entry(obj: dict[str, Any], *, manager: str, api_version: str)
         "fieldsType": "FieldsV1",
         "fieldsV1": tracked,
     }
+
+
+def _without_volatile(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in ("resourceVersion", "managedFields")}
+    return {**obj, "metadata": meta}
+
+
+def fix_managed_fields(new: dict[str, Any], current: dict[str, Any], manager: str) -> None:
+    """An update's entries: the manager's own replaced, or, when nothing else changed, the current ones kept."""
+    meta = new["metadata"]
+    old_entries = current["metadata"].get("managedFields")
+    if "managedFields" not in meta and old_entries is not None:
+        meta["managedFields"] = old_entries
+    if _without_volatile(new) == _without_volatile(current):
+        meta["managedFields"] = old_entries  # nothing changed: keep the timestamps as they were
+        if old_entries is None:
+            meta.pop("managedFields", None)
+        return
+    entries = [e for e in (meta.get("managedFields") or []) if e.get("manager") != manager]
+    entries.append(managed_fields_entry(new, manager=manager, api_version=new["apiVersion"]))
+    meta["managedFields"] = entries

@@ -18,7 +18,7 @@ passes here is not one a real server would refuse:
   again (CRDValidationRatcheting, GA in v1.33), so an object stored before its
   schema tightened still takes a no-op patch.
 
-Functions here are pure: registry.py calls them (see `CustomResourceSchema`).
+Functions here are pure: crds.py calls them, for the registry's admission (registry_admission.py).
 """
 
 from __future__ import annotations

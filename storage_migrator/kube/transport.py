@@ -25,7 +25,7 @@ from typing import Any, Final
 import urllib3
 from kubernetes.client import ApiClient
 
-from storage_migrator.kube.errors import from_http_response, from_transport_error
+from storage_migrator.kube.answers import from_http_response, from_transport_error
 
 __all__ = [
     "ACCEPT_JSON",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import pickle
 
-from storage_migrator.kube.errors import RBAC_FIX, Forbidden, error_from_answer
+from storage_migrator.kube.answers import error_from_answer
+from storage_migrator.kube.errors import RBAC_FIX, Forbidden
 from storage_migrator.migration.failures import DENIED_PREFIX
 from storage_migrator.migration.requests import failure_summary
 from storage_migrator.models import ObjectFailure

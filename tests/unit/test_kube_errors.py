@@ -14,6 +14,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from storage_migrator.kube import errors
+from storage_migrator.kube.answers import error_from_answer, from_api_exception, from_transport_error
 from storage_migrator.kube.errors import (
     AlreadyExists,
     BadRequest,
@@ -27,9 +28,6 @@ from storage_migrator.kube.errors import (
     ServerError,
     TooManyRequests,
     TransportError,
-    error_from_answer,
-    from_api_exception,
-    from_transport_error,
     is_retriable,
 )
 

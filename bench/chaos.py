@@ -62,6 +62,7 @@ from bench.scale import NAMESPACE, seed, seeded
 from bench.stand import REPO, KubesimProcess, machine, start_etcd
 from devstack import PrefectStack
 from devstack.chaos import Compactor, Verdict, Writers, fault_mix, judge, markdown, stored_objects
+from kubesim import tls
 from kubesim.codec import derived_secret
 from kubesim.etcd import EtcdProcess, EtcdStore, prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
@@ -106,12 +107,12 @@ class Stand:
         return int(self.store.range(prefix, prefix_end(prefix), limit=1, keys_only=True).count)
 
 
-def wait_ready(url: str, timeout: float = 60) -> None:
+def wait_ready(url: str, ca_pem: bytes, timeout: float = 60) -> None:
     """Until /readyz answers 200 (kubesim's 403 window is over)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2, context=tls.client_context(ca_pem)) as resp:
                 if resp.status == 200:
                     return
         except OSError:
@@ -131,7 +132,7 @@ def stand(work: Path, objects: int, size: int, **kubesim_options: Any) -> Iterat
     api = None
     try:
         kubesim.start()
-        wait_ready(kubesim.url)
+        wait_ready(kubesim.url, kubesim.ca_pem)
         k = ["kubectl", "--kubeconfig", kubesim.kubeconfig]
         subprocess.run([*k, "apply", "-f", str(REPO / "deployments" / "crds")], check=True, capture_output=True)
         subprocess.run([*k, "create", "namespace", NAMESPACE], check=True, capture_output=True)

@@ -63,6 +63,7 @@ class KubesimProcess:
     def __init__(self, workdir: Path, etcd_url: str | None = None, *, authz_warmup: float = 0.0,
                  encryption_config: Path | None = None) -> None:  # fmt: skip
         self.kubeconfig = str(workdir / "kubeconfig")
+        self.cert_dir = workdir / "pki"  # kept across a restart, as a real API server's certificates are
         self.log = workdir / "kubesim.log"
         self.etcd_url = etcd_url
         self.authz_warmup = authz_warmup
@@ -73,11 +74,16 @@ class KubesimProcess:
 
     @property
     def admin(self) -> Admin:
-        return Admin(self.url)
+        return Admin.from_kubeconfig(self.kubeconfig)
+
+    @property
+    def ca_pem(self) -> bytes:
+        """The CA its serving certificate chains to (the same after a restart: `--cert-dir`)."""
+        return (self.cert_dir / "ca.crt").read_bytes()
 
     def start(self, *, timeout: float = 60) -> KubesimProcess:
         argv = [sys.executable, "-m", "kubesim", "serve", "--kubeconfig", self.kubeconfig, "--port", str(self.port),
-                "--authz-warmup", str(self.authz_warmup)]  # fmt: skip
+                "--authz-warmup", str(self.authz_warmup), "--cert-dir", str(self.cert_dir)]  # fmt: skip
         if self.etcd_url:
             argv += ["--etcd", self.etcd_url]
         if self.encryption_config:

@@ -1,6 +1,6 @@
 """kubesim's command line.
 
-python -m kubesim serve --kubeconfig PATH [--etcd URL] [--port N] [--servers N]
+python -m kubesim serve --kubeconfig PATH [--etcd URL] [--port N] [--servers N] [--insecure-http]
     [--encryption-provider-config FILE ...] [--token-auth-file FILE --authorization-mode RBAC]
 python -m kubesim admin --kubeconfig PATH <command> ...
 """
@@ -23,11 +23,14 @@ from kubesim.encryption import ConfigError
 from kubesim.etcd import EtcdStore, prefix_end
 from kubesim.leases import LEASE_SECONDS
 from kubesim.resources import FEATURE_GATES
+from kubesim.tls import Authority
 
 _SERVE_HELP = """\
 Start a simulated Kubernetes API server backed by a real etcd, write a kubeconfig
 for it, and serve until SIGINT or SIGTERM; then stop what was started.
 
+It serves HTTPS with a CA and a serving certificate (127.0.0.1, localhost)
+generated at start; the kubeconfig carries the CA. --insecure-http: plain HTTP.
 Unless --etcd names a running etcd, kubesim starts Debian's etcd (apt-get install
 etcd-server) on a free loopback port with a temporary data dir on /dev/shm.
 Use the kubeconfig with kubectl or any Kubernetes client:
@@ -65,6 +68,8 @@ def serve(args: argparse.Namespace) -> int:
             reload_interval=args.encryption_provider_config_reload_interval,
             token_auth_file=args.token_auth_file,
             authorization_mode=args.authorization_mode,
+            insecure_http=args.insecure_http,
+            authority=Authority.in_directory(args.cert_dir) if args.cert_dir and not args.insecure_http else None,
         ).start()
     except (RuntimeError, ConfigError, ValueError) as exc:
         print(f"kubesim: {exc}", file=sys.stderr)
@@ -214,6 +219,13 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p_serve.add_argument("--authorization-mode", choices=["AlwaysAllow", "RBAC"], default="AlwaysAllow",
                          help="RBAC: authorize every request against the ClusterRoles, ClusterRoleBindings, Roles and "
                          "RoleBindings stored (needs --token-auth-file); default AlwaysAllow")  # fmt: skip
+    p_serve.add_argument("--insecure-http", action="store_true",
+                         help="serve plain HTTP instead of HTTPS (by default kubesim serves HTTPS, as kube-apiserver, "
+                         "with a CA generated at start, written into the kubeconfig as certificate-authority-data)")  # fmt: skip
+    p_serve.add_argument("--cert-dir", metavar="DIR",
+                         help="keep the CA and serving certificate here, as kube-apiserver's flag: reused when "
+                         "present, else generated and written (a restart then keeps them; default: new ones in "
+                         "memory)")  # fmt: skip
     p_serve.add_argument("-v", "--verbose", action="store_true", help="log every request")
     p_serve.set_defaults(func=serve)
 

@@ -11,11 +11,20 @@ is outside the Kubernetes API and stays open.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from kubesim.authn import SUPERUSER_GROUP, TokenAuthenticator, UserInfo, read_token_file
+from cryptography import x509
+
+from kubesim.authn import (
+    SUPERUSER_GROUP,
+    CertificateAuthenticator,
+    TokenAuthenticator,
+    UserInfo,
+    read_token_file,
+)
 from kubesim.rbac_authorizer import RBACAuthorizer, ensure_bootstrap_policy, forbidden, request_attributes
 from kubesim.registry import Registry
 
@@ -53,11 +62,12 @@ class AccessConfig:
 
 
 class AccessControl:
-    """One API server's authenticator and authorizer."""
+    """One API server's authenticators (client certificates when served over TLS, tokens) and authorizer."""
 
-    def __init__(self, config: AccessConfig, registry: Registry) -> None:
+    def __init__(self, config: AccessConfig, registry: Registry, *, client_ca: x509.Certificate | None = None) -> None:
         assert config.token_auth_file is not None
         self.config = config
+        self.certificates = CertificateAuthenticator(client_ca) if client_ca is not None else None
         self.authenticator = TokenAuthenticator(read_token_file(config.token_auth_file))
         self.authenticator.add(config.admin_token, UserInfo(name=ADMIN_USER, uid="", groups=(SUPERUSER_GROUP,)))
         self.authorizer = RBACAuthorizer(registry) if config.rbac else None
@@ -68,9 +78,19 @@ class AccessControl:
         if self.authorizer is not None:
             ensure_bootstrap_policy(self.registry)
 
-    def admit(self, method: str, path: str, query: dict[str, str], authorization: str | None) -> UserInfo:
-        """The request's user; raises the 401 or 403 kube-apiserver would answer."""
-        user = self.authenticator.authenticate(authorization)
+    def admit(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        authorization: str | None,
+        certificates: Sequence[x509.Certificate] = (),
+    ) -> UserInfo:
+        """The request's user (its client certificate first, then its token); raises the 401 or 403
+        kube-apiserver would answer."""
+        user = self.certificates.authenticate(certificates) if self.certificates is not None else None
+        if user is None:
+            user = self.authenticator.authenticate(authorization)
         if self.authorizer is None:
             return user
         attrs = request_attributes(user, method, path, query)

@@ -1,9 +1,15 @@
 """A client of kubesim's admin API (`/_kubesim/`), for tests, the demo, the
-benchmarks and `python -m kubesim admin`."""
+benchmarks and `python -m kubesim admin`.
+
+Over HTTPS it verifies the server's certificate: against the CA of the
+kubeconfig it was built from, or else this process's kubesim CA (the one every
+in-process cluster serves with, sim/kubesim/tls.py)."""
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -11,12 +17,18 @@ from typing import Any
 
 import yaml
 
+from kubesim import tls
+
 
 class AdminError(Exception):
     """The admin API refused a command; the message says why."""
 
 
 def server_url(kubeconfig: Path | str, context: str | None = None) -> str:
+    return str(_cluster_entry(kubeconfig, context)["server"]).rstrip("/")
+
+
+def _cluster_entry(kubeconfig: Path | str, context: str | None) -> dict[str, Any]:
     doc = yaml.safe_load(Path(kubeconfig).read_text())
     name = context or doc.get("current-context")
     ctx = next((c["context"] for c in doc.get("contexts", []) if c["name"] == name), None)
@@ -25,17 +37,22 @@ def server_url(kubeconfig: Path | str, context: str | None = None) -> str:
     cluster = next((c["cluster"] for c in doc.get("clusters", []) if c["name"] == ctx["cluster"]), None)
     if cluster is None:
         raise AdminError(f"cluster {ctx['cluster']!r} not found in {kubeconfig}")
-    return str(cluster["server"]).rstrip("/")
+    return dict(cluster)
 
 
 class Admin:
-    def __init__(self, url: str, *, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, *, timeout: float = 30.0, ca_pem: bytes | None = None) -> None:
+        """`ca_pem`: the CA the server's certificate chains to (default: this process's kubesim CA)."""
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._context: ssl.SSLContext | None = tls.client_context(ca_pem) if self.url.startswith("https:") else None
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path | str, context: str | None = None) -> Admin:
-        return cls(server_url(kubeconfig, context))
+        entry = _cluster_entry(kubeconfig, context)
+        ca_data = entry.get("certificate-authority-data")
+        ca_pem = base64.b64decode(ca_data) if ca_data else None
+        return cls(str(entry["server"]), ca_pem=ca_pem)
 
     def _call(self, method: str, route: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -43,7 +60,7 @@ class Admin:
             f"{self.url}/_kubesim/{route}", data=data, method=method, headers={"Content-Type": "application/json"}
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as resp:
                 return json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             try:

@@ -1,10 +1,17 @@
-"""Who sends a request: bearer tokens from a token file, as kube-apiserver's
-`--token-auth-file` reads them.
+"""Who sends a request: client certificates signed by the cluster's CA (kube-apiserver's
+`--client-ca-file`, what kubeadm's admin.conf uses), and bearer tokens from a token
+file, as kube-apiserver's `--token-auth-file` reads them.
 
-Design decision: only the static token file is modeled (one CSV line per token:
-`token,user,uid,"group1,group2"`, k8s.io/apiserver's tokenfile.NewCSV), because it
-is the one authenticator that needs no PKI and still carries a user and its
-groups to RBAC. Anonymous requests are refused with 401 (kube-apiserver with
+Design decision: the two authenticators that carry a user and its groups to RBAC
+with nothing but the cluster's own PKI. The static token file: one CSV line per
+token, `token,user,uid,"group1,group2"` (k8s.io/apiserver's tokenfile.NewCSV). A
+client certificate, as k8s.io/apiserver's x509 authenticator maps it
+(CommonNameUserConversion): the user is the subject's CN, its groups the O values,
+its UID the `1.3.6.1.4.1.57683.2` attribute (AllowParsingUserUIDFromCertAuth, on
+since v1.34); the certificate must chain to the CA, be valid now and allow
+`clientAuth`, else it authenticates no one. As kube-apiserver's union of
+authenticators, the certificate is asked first, then the token; neither: 401.
+Anonymous requests are refused with 401 (kube-apiserver with
 `--anonymous-auth=false`). Every authenticated user also gets the group
 `system:authenticated` (the apiserver's AuthenticatedGroupAdder).
 """
@@ -12,16 +19,23 @@ groups to RBAC. Anonymous requests are refused with 401 (kube-apiserver with
 from __future__ import annotations
 
 import csv
+import datetime
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from kubesim.errors import StatusError
 
 __all__ = [
     "AUTHENTICATED_GROUP",
     "SUPERUSER_GROUP",
+    "CertificateAuthenticator",
     "TokenAuthenticator",
     "TokenFileError",
     "UserInfo",
@@ -31,6 +45,8 @@ __all__ = [
 
 #: Added to every authenticated user (k8s.io/apiserver user.AllAuthenticated).
 AUTHENTICATED_GROUP: Final = "system:authenticated"
+#: The subject attribute kube-apiserver reads a certificate user's UID from (x509.go, uidOID).
+UID_OID: Final = x509.ObjectIdentifier("1.3.6.1.4.1.57683.2")
 #: kube-apiserver's superuser group: allowed everything before RBAC is asked (user.SystemPrivilegedGroup).
 SUPERUSER_GROUP: Final = "system:masters"
 
@@ -91,6 +107,49 @@ class TokenAuthenticator:
         user = self._tokens.get(token.strip()) if scheme.lower() == "bearer" else None
         if user is None:
             raise unauthorized()
-        if AUTHENTICATED_GROUP in user.groups:
-            return user
-        return UserInfo(name=user.name, uid=user.uid, groups=(*user.groups, AUTHENTICATED_GROUP))
+        return with_authenticated_group(user)
+
+
+def with_authenticated_group(user: UserInfo) -> UserInfo:
+    if AUTHENTICATED_GROUP in user.groups:
+        return user
+    return UserInfo(name=user.name, uid=user.uid, groups=(*user.groups, AUTHENTICATED_GROUP))
+
+
+class CertificateAuthenticator:
+    """Client certificates to users, as kube-apiserver's x509 authenticator with `--client-ca-file`."""
+
+    def __init__(self, ca: x509.Certificate) -> None:
+        self._ca = ca
+
+    def authenticate(self, chain: Sequence[x509.Certificate]) -> UserInfo | None:
+        """The user of the presented certificate; None when there is none or it does not verify."""
+        if not chain:
+            return None
+        cert = chain[0]
+        if not self._verifies(cert):
+            return None
+        subject = cert.subject
+        names = subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        if not names or not names[0].value:
+            return None  # CommonNameUserConversion: no CN, no user
+        groups = tuple(str(a.value) for a in subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME))
+        uids = subject.get_attributes_for_oid(UID_OID)
+        return with_authenticated_group(
+            UserInfo(name=str(names[0].value), uid=str(uids[0].value) if uids else "", groups=groups)
+        )
+
+    def _verifies(self, cert: x509.Certificate) -> bool:
+        """Signed by the CA, valid now, and usable for client authentication."""
+        try:
+            cert.verify_directly_issued_by(self._ca)
+        except (ValueError, TypeError, InvalidSignature):
+            return False
+        now = datetime.datetime.now(datetime.UTC)
+        if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+            return False
+        try:
+            usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        except x509.ExtensionNotFound:
+            return True  # Go's x509 treats a certificate without the extension as good for any usage
+        return ExtendedKeyUsageOID.CLIENT_AUTH in usages or ExtendedKeyUsageOID.ANY_EXTENDED_KEY_USAGE in usages

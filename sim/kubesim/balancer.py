@@ -5,7 +5,9 @@ kube-proxy's `kubernetes` Service), which spreads *connections*, not requests: a
 client that keeps its connection alive talks to one server until it reconnects.
 kubesim's servers each have their own port; this stands for that one address,
 so that a client's behaviour behind a balancer (issue 19: sampling /metrics until
-every server has answered) can be tested. Bytes are copied as they are, both ways.
+every server has answered) can be tested. Bytes are copied as they are, both ways:
+TLS passes through (as a layer-4 balancer does), so the client verifies the
+server's certificate, which names 127.0.0.1 as the balancer's address does.
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ def _relay(client: socket.socket, upstream: socket.socket) -> None:
 class RoundRobinBalancer:
     """Listens on 127.0.0.1; each accepted connection goes to the next of `targets` ((host, port))."""
 
-    def __init__(self, targets: Sequence[tuple[str, int]]) -> None:
+    def __init__(self, targets: Sequence[tuple[str, int]], *, scheme: str = "https") -> None:
+        """`scheme`: what the targets speak (kubesim serves https unless started with plain HTTP)."""
+        self.scheme = scheme
         self._targets = itertools.cycle(list(targets))
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
@@ -54,7 +58,7 @@ class RoundRobinBalancer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> RoundRobinBalancer:
         self._thread.start()

@@ -37,13 +37,18 @@ from kubesim.etcd import EtcdProcess, EtcdStore
 from kubesim.registry import Registry
 from kubesim.server import ApiServer
 from kubesim.server_config import EncryptionConfig, ServerConfig, host_server_id
+from kubesim.tls import Authority, shared_authority
 
 
 def kubeconfig_doc(servers: list[ApiServer], *, token: str = "kubesim") -> dict[str, Any]:
-    """Contexts `kubesim` (the first server) and `kubesim-<i>` for each one, as user `token`'s."""
+    """Contexts `kubesim` (the first server) and `kubesim-<i>` for each one, as user `token`'s;
+    over HTTPS, each cluster entry carries the CA as `certificate-authority-data`."""
     clusters, contexts = [], []
     for i, server in enumerate(servers):
-        clusters.append({"name": f"kubesim-{i}", "cluster": {"server": server.url}})
+        entry: dict[str, str] = {"server": server.url}
+        if server.tls is not None:
+            entry["certificate-authority-data"] = server.tls.ca_data
+        clusters.append({"name": f"kubesim-{i}", "cluster": entry})
         contexts.append({"name": f"kubesim-{i}", "context": {"cluster": f"kubesim-{i}", "user": "kubesim-admin"}})
     contexts.insert(0, {"name": "kubesim", "context": {"cluster": "kubesim-0", "user": "kubesim-admin"}})
     return {
@@ -89,8 +94,13 @@ class Cluster:
         reload_interval: float = 1.0,
         token_auth_file: Path | str | None = None,
         authorization_mode: str = "AlwaysAllow",
+        insecure_http: bool = False,
+        authority: Authority | None = None,
     ) -> None:
-        """`identity_lease_seconds`: each server's identity lease (kube-apiserver's
+        """Served over HTTPS, as kube-apiserver, with `authority`'s serving certificate (by default
+        this process's kubesim CA, sim/kubesim/tls.py); `insecure_http=True`: plain HTTP.
+
+        `identity_lease_seconds`: each server's identity lease (kube-apiserver's
         --identity-lease-duration-seconds, 3600 s); `feature_gates`: applied to the
         ServerConfig of every server this cluster creates (kube-apiserver's --feature-gates).
 
@@ -131,6 +141,8 @@ class Cluster:
             token_auth_file=Path(token_auth_file) if token_auth_file is not None else None,
             authorization_mode=authorization_mode,
         )
+        self._insecure_http = insecure_http
+        self._authority = authority
         self.servers: list[ApiServer] = []
         self.kubeconfig: Path | None = None
         # The endpoint reconciler's writes, through an etcd client of their own (not counted as clients').
@@ -141,6 +153,15 @@ class Cluster:
     def etcd_url(self) -> str:
         assert self._etcd_url is not None, "start() the cluster first"
         return self._etcd_url
+
+    @property
+    def authority(self) -> Authority | None:
+        """The CA its servers' certificates chain to (None: plain HTTP)."""
+        if self._insecure_http:
+            return None
+        if self._authority is None:
+            self._authority = shared_authority()
+        return self._authority
 
     @property
     def server(self) -> ApiServer:
@@ -198,7 +219,9 @@ class Cluster:
     def _start_server(self, *, port: int, config: ServerConfig | None, authz_warmup_seconds: float) -> ApiServer:
         registry = Registry(EtcdStore(self.etcd_url), config)
         registry.ensure_default_namespaces()
-        server = ApiServer(registry, port=port, authz_warmup_seconds=authz_warmup_seconds, access=self.access)
+        server = ApiServer(
+            registry, port=port, authz_warmup_seconds=authz_warmup_seconds, access=self.access, tls=self.authority
+        )
         return server.start(identity_lease_seconds=self.identity_lease_seconds)
 
     def restart_server(

@@ -25,7 +25,7 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from kubesim import aggregation, encryption, health, leases, storageversions
+from kubesim import aggregation, encryption, health, leases, storageversions, tls_serving
 from kubesim.access import AccessConfig, AccessControl
 from kubesim.admin_ops import AdminOperations
 from kubesim.errors import StatusError, method_not_allowed, resource_not_found
@@ -35,6 +35,7 @@ from kubesim.resources import ResourceType
 from kubesim.routing import VERSION_RE, Request
 from kubesim.server_discovery import DiscoveryServing
 from kubesim.server_writes import WriteVerbs
+from kubesim.tls import Authority
 
 log = logging.getLogger("kubesim")
 
@@ -53,8 +54,13 @@ class ApiServer(AdminOperations):
         port: int = 0,
         authz_warmup_seconds: float = 0.0,
         access: AccessConfig | None = None,
+        tls: Authority | None = None,
     ) -> None:
+        """`tls`: serve HTTPS with this authority's serving certificate (and take its CA as the
+        client CA); None: plain HTTP."""
         self.registry = registry
+        self.tls = tls
+        self.tls_context = tls_serving.server_context(tls) if tls is not None else None
         #: Authentication and RBAC (sim/kubesim/access.py), when a token file is given.
         self.access_config = access if access is not None and access.authenticating else None
         self.access: AccessControl | None = None
@@ -77,7 +83,7 @@ class ApiServer(AdminOperations):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls is not None else 'http'}://{self.host}:{self.port}"
 
     def start(self, *, identity_lease_seconds: int = leases.LEASE_SECONDS) -> ApiServer:
         """Take an identity lease, publish StorageVersions, then serve.
@@ -90,7 +96,8 @@ class ApiServer(AdminOperations):
         try:
             self._read_encryption_file()
             if self.access_config is not None:
-                self.access = AccessControl(self.access_config, self.registry)
+                client_ca = self.tls.ca_cert if self.tls is not None else None
+                self.access = AccessControl(self.access_config, self.registry, client_ca=client_ca)
                 self.access.start()
         except (encryption.ConfigError, ValueError):
             self.httpd.server_close()
@@ -186,7 +193,9 @@ class Handler(WriteVerbs, DiscoveryServing):
                 self._admin(method, split.path, raw)
                 return
             if self.api.access is not None:
-                self.user = self.api.access.admit(method, split.path, query, self.headers.get("Authorization"))
+                self.user = self.api.access.admit(
+                    method, split.path, query, self.headers.get("Authorization"), self.peer_certificates()
+                )
             self._serve(method, split.path, query, raw)
         except StatusError as err:
             self._send_error(err)
@@ -235,7 +244,7 @@ class Handler(WriteVerbs, DiscoveryServing):
         if fault.drop:
             self.close_connection = True
             with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
+                self.request.shutdown(socket.SHUT_RDWR)
             return True
         if fault.code is None:
             return False

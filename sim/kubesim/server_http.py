@@ -9,14 +9,20 @@ composes them into the handler it serves with.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
+import socket
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
+
+from cryptography import x509
+from OpenSSL import SSL
 
 from kubesim import protobuf
 from kubesim.authn import SUPERUSER_GROUP, UserInfo
 from kubesim.errors import StatusError, bad_request
+from kubesim.tls_serving import TLSStreams
 
 if TYPE_CHECKING:
     from kubesim.server import ApiServer
@@ -35,17 +41,40 @@ class HandlerBase(BaseHTTPRequestHandler):
     server_version = "kubesim"
     #: Who sent the request being served (None: authentication is off).
     user: UserInfo | None = None
+    #: The connection's TLS session (None: plain HTTP, or a failed handshake).
+    tls: TLSStreams | None = None
 
     def setup(self) -> None:
-        super().setup()
+        if self.api.tls_context is None:
+            super().setup()
+        else:
+            self._setup_tls(self.api.tls_context)
         with self.api.connections_lock:
-            self.api.connections.add(self.connection)
+            self.api.connections.add(self.request)
+
+    def _setup_tls(self, context: SSL.Context) -> None:
+        """Handshake first; a client that does not speak TLS gets the connection closed."""
+        self.connection = self.request
+        self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        try:
+            self.tls = TLSStreams(self.request, context)
+        except (SSL.Error, OSError) as exc:
+            log.debug("kubesim: TLS handshake from %s failed: %s", self.client_address, exc)
+            self.rfile, self.wfile = io.BytesIO(), io.BytesIO()  # handle() reads EOF and returns
+            return
+        self.rfile, self.wfile = self.tls.rfile, self.tls.wfile
 
     def finish(self) -> None:
         with self.api.connections_lock:
-            self.api.connections.discard(self.connection)
+            self.api.connections.discard(self.request)
         with contextlib.suppress(OSError):
             super().finish()
+        if self.tls is not None:
+            self.tls.close()
+
+    def peer_certificates(self) -> list[x509.Certificate]:
+        """The client certificate of this connection, with its chain ([] for none, or plain HTTP)."""
+        return self.tls.peer_certificates() if self.tls is not None else []
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)

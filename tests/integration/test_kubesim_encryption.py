@@ -10,7 +10,6 @@ admin state for the file's hash, with generous deadlines; nothing asserts on tim
 from __future__ import annotations
 
 import base64
-import http.client
 import json
 import os
 import subprocess
@@ -20,12 +19,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
-from kubesim import encryption
+from kubesim import encryption, tls
 from kubesim.cluster import Cluster
 
 MERGE = "application/merge-patch+json"
@@ -54,8 +52,7 @@ IDENTITY: dict[str, Any] = {"identity": {}}
 
 
 def call(url: str, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    conn = tls.connection(url)
     try:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json", **({"Content-Type": content_type} if data is not None else {})}

@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from kubesim import tls
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import decode
@@ -28,7 +29,7 @@ SV_PATH = "/apis/internal.apiserver.k8s.io/v1alpha1/storageversions"
 
 
 def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    with urllib.request.urlopen(url, timeout=10, context=tls.client_context()) as resp:
         return json.load(resp)
 
 
@@ -99,7 +100,7 @@ def test_servers_encode_in_their_own_storage_version(ha: Cluster) -> None:
                 method="POST",
                 headers={"Content-Type": "application/json"},
             )
-            urllib.request.urlopen(req, timeout=10).close()
+            urllib.request.urlopen(req, timeout=10, context=tls.client_context()).close()
         stored = {}
         for i in range(2):
             kv, _ = etcd.get(f"/registry/configmaps/default/ha-{i}".encode())
@@ -130,7 +131,7 @@ def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 30.0
 
 def status_code(url: str) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(url, timeout=10, context=tls.client_context()) as resp:
             return int(resp.status)
     except urllib.error.HTTPError as exc:
         return int(exc.code)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
-import http.client
 import json
 import math
 import re
@@ -35,7 +34,7 @@ import pytest
 import yaml
 from conftest import Kubectl
 
-from kubesim import codec
+from kubesim import codec, tls
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "deployments" / "crds"
@@ -46,8 +45,7 @@ MIGRATION_CRDS = ("storagestates.migration.k8s.io", "storageversionmigrations.mi
 
 def call(url: str, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Any:
     """One request to kubesim; (status, JSON body)."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    conn = tls.connection(url)
     try:
         data = None if body is None else json.dumps(body).encode()
         conn.request(method, path, body=data, headers={"Content-Type": content_type, "Accept": "application/json"})

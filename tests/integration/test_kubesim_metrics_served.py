@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.client
 import json
 import os
 import secrets
@@ -20,7 +19,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -29,7 +27,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubesim import encryption, leases, metrics
+from kubesim import encryption, leases, metrics, tls
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.server import ApiServer
@@ -65,8 +63,7 @@ def sha256(data: bytes | str) -> str:
 
 def get_metrics(url: str, token: str | None = None) -> tuple[int, str, str]:
     """Status, Content-Type and body of `GET /metrics`, as a Prometheus scraper asks."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    conn = tls.connection(url)
     try:
         headers = {"Accept": "text/plain;version=0.0.4"}
         if token is not None:
@@ -125,8 +122,7 @@ def identity_leases(api: k8s.ApiClient) -> set[str]:
 
 
 def write_secret(server: ApiServer, name: str) -> None:
-    parts = urlsplit(server.url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    conn = tls.connection(server.url)
     try:
         body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": {"v": "eA=="}}
         conn.request("POST", f"/api/v1/namespaces/{NS}/secrets", body=json.dumps(body),

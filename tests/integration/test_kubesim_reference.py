@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from kubesim import tls
 from kubesim.resources import storage_version_hash
 
 REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
@@ -76,7 +77,7 @@ class Http:
             headers["Content-Type"] = ctype
         request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=30) as resp:
+            with urllib.request.urlopen(request, timeout=30, context=tls.client_context()) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read())

@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from conftest import crd_manifest
@@ -30,7 +29,7 @@ from kubernetes import config as k8s_config
 from kubernetes import watch
 from kubernetes.client import ApiClient
 
-from kubesim import codec
+from kubesim import codec, tls
 from kubesim.etcd import KV, prefix_end
 
 MERGE = "application/merge-patch+json"
@@ -57,8 +56,7 @@ class Reply:
 
 def call(url: str, method: str, path: str, body: Any = None, *, content_type: str = "application/json") -> Reply:
     """One HTTP request on a fresh connection: no client retries, every status visible."""
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    conn = tls.connection(url)
     try:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Accept": "application/json"}

@@ -9,13 +9,11 @@ official client, kubectl and raw HTTP, and read etcd to see what was stored.
 from __future__ import annotations
 
 import copy
-import http.client
 import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -23,7 +21,7 @@ from conftest import Kubectl
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from kubesim import codec
+from kubesim import codec, tls
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "deployments" / "crds"
@@ -33,8 +31,7 @@ SVMS, STATES = "storageversionmigrations", "storagestates"
 
 
 def call(url: str, method: str, path: str, body: Any, *, content_type: str = "application/json") -> tuple[int, Any]:
-    parts = urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+    conn = tls.connection(url)
     try:
         conn.request(method, path, body=json.dumps(body).encode(), headers={"Content-Type": content_type})
         resp = conn.getresponse()

@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes import utils as k8s_utils
 
-from kubesim import codec
+from kubesim import codec, tls
 from kubesim.admin import Admin
 from kubesim.authn import UserInfo
 from kubesim.cluster import Cluster
@@ -140,7 +140,7 @@ def test_authentication_and_authorization_answer_as_kube_apiserver(rbac_cluster:
     url = f"{rbac_cluster.cluster.server.url}/api/v1/namespaces/{NAMESPACE}/secrets/s-0"
     for headers in ({}, {"Authorization": "Bearer not-a-token"}):
         with pytest.raises(urllib.error.HTTPError) as denied:
-            urllib.request.urlopen(urllib.request.Request(url, headers=headers))
+            urllib.request.urlopen(urllib.request.Request(url, headers=headers), context=tls.client_context())
         assert denied.value.code == 401
         assert json.loads(denied.value.read()) == {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                                    "status": "Failure", "message": "Unauthorized",

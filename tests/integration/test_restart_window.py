@@ -29,6 +29,7 @@ from conftest import install_migration_crds
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
 
+from kubesim import tls
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdProcess, free_port, prefix_end
@@ -64,7 +65,7 @@ class NoBudget:
 def http(url: str, method: str = "GET", body: bytes | None = None, ctype: str | None = None) -> tuple[int, bytes]:
     req = urllib.request.Request(url, method=method, data=body, headers={"Content-Type": ctype} if ctype else {})
     try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
+        with urllib.request.urlopen(req, timeout=10, context=tls.client_context()) as resp:
             return int(resp.status), bytes(resp.read())
     except urllib.error.HTTPError as exc:
         return int(exc.code), bytes(exc.read())

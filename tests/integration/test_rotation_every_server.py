@@ -264,7 +264,7 @@ def test_behind_a_load_balancer_every_server_is_heard_by_sampling(servers: Three
         behind = tmp_path / "behind-a-balancer"
         behind.write_text(yaml.safe_dump(doc))
         # The servers' own addresses, unreachable from here (port 9: nothing listens).
-        settings = Settings(kubeconfig=behind, api_servers=["http://127.0.0.1:9"])
+        settings = Settings(kubeconfig=behind, api_servers=["https://127.0.0.1:9"])
         api = api_client_from_settings(settings)
         try:
             configs = observe_server_configs(api, settings)
@@ -275,7 +275,7 @@ def test_behind_a_load_balancer_every_server_is_heard_by_sampling(servers: Three
     assert all(s.via == balancer.url for s in configs.servers), configs.rows()
     by_id = {s.server_id: s.config_hash for s in configs.servers}
     assert by_id[ids[0]] == by_id[ids[2]] != by_id[ids[1]] is not None
-    assert configs.common_hash is None and "http://127.0.0.1:9" in configs.unheard
+    assert configs.common_hash is None and "https://127.0.0.1:9" in configs.unheard
 
 
 def test_a_checkpoint_taken_under_another_configuration_is_not_resumed(servers: ThreeServers) -> None:

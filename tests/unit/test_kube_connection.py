@@ -57,3 +57,22 @@ def test_in_cluster_is_chosen_automatically_in_a_pod(tmp_path: Path, monkeypatch
         api_client_from_settings(Settings())
     assert isinstance(info.value.__cause__, ConfigException)
     assert "Service token file does not exist" in str(info.value)
+
+
+def test_refresh_before_each_request_keeps_host_proxy_and_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22: the loader's refresh hook sets the same host before every request; skipping that
+    no-op must leave the environment's proxy, the host and the token as the official client has them."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("HTTP_PROXY", "http://plain-proxy.example:3128")
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(KUBECONFIG))
+    config = api_client_from_settings(Settings(kubeconfig=path)).configuration
+    assert (config.host, config.proxy) == ("https://a.example:6443", "http://proxy.example:3128")
+    for _ in range(2):  # each call runs the refresh hook, as every request does
+        assert config.get_api_key_with_prefix("BearerToken", alias="authorization") == "Bearer tok-123"
+    assert (config.host, config.proxy) == ("https://a.example:6443", "http://proxy.example:3128")
+    config.host = "http://127.0.0.1:8080"  # a new host still picks its proxy
+    assert (config.host, config.proxy) == ("http://127.0.0.1:8080", "http://plain-proxy.example:3128")

@@ -13,11 +13,21 @@ JSON content type, which would re-encode raw bytes.
 urllib3's own retries are switched off (``retries=False``): retrying is decided
 in one place (``errors.is_retriable``) by the caller, with backoff and the
 server's Retry-After hint.
+
+Issue 22 (client CPU per object over TLS): every object costs one request, so
+what the pool manager does per request counts. Without a proxy, the API
+server's connection pool is looked up once per client and asked directly
+(the manager parses the URL and builds a pool key on every request, about as
+much CPU as the TLS records themselves); through a proxy the manager keeps
+routing. Timeouts are built once per value, and the answer's headers are kept
+as urllib3 read them rather than copied.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -94,23 +104,46 @@ def request(
         header_params=headers,
         auth_settings=["BearerToken"],
     )
-    pool: urllib3.PoolManager = api_client.rest_client.pool_manager
+    manager: urllib3.PoolManager = api_client.rest_client.pool_manager
     try:
-        response = pool.request(
-            method,
-            url,
-            body=body,
-            headers=auth_headers,
-            timeout=urllib3.Timeout(total=timeout),
-            retries=False,
-            preload_content=True,
-        )
+        direct = _server_pool(manager, str(api_client.configuration.host), url)
+        if direct is not None:
+            pool, request_uri = direct
+            response = pool.urlopen(method, request_uri, body=body, headers=auth_headers, timeout=_timeout(timeout),
+                                    retries=False, preload_content=True, assert_same_host=False, redirect=False)  # fmt: skip
+        else:
+            response = manager.request(method, url, body=body, headers=auth_headers, timeout=_timeout(timeout),
+                                       retries=False, preload_content=True)  # fmt: skip
     except (urllib3.exceptions.HTTPError, OSError) as exc:
         raise from_transport_error(exc, what=what) from exc
     if not 200 <= response.status <= 299:
         raise from_http_response(response, what=what)
-    return RawResponse(
-        status=response.status,
-        data=response.data,
-        headers=dict(response.headers.items()),
-    )
+    return RawResponse(status=response.status, data=response.data, headers=response.headers)
+
+
+@functools.lru_cache(maxsize=16)
+def _timeout(seconds: float) -> urllib3.Timeout:
+    """One Timeout per value: the pool clones it for each request."""
+    return urllib3.Timeout(total=seconds)
+
+
+#: Pool manager -> (API server URL, length of its scheme://host:port, its connection pool); gone with the client.
+_POOLS: weakref.WeakKeyDictionary[urllib3.PoolManager, tuple[str, int, urllib3.HTTPConnectionPool]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _server_pool(manager: urllib3.PoolManager, host: str, url: str) -> tuple[urllib3.HTTPConnectionPool, str] | None:
+    """The API server's connection pool and the request's URI (a path prefix of the server URL
+    kept: `https://rancher/k8s/clusters/c-1`), or None: let the manager route it (a proxy)."""
+    if type(manager) is not urllib3.PoolManager or not url.startswith(host):
+        return None
+    known = _POOLS.get(manager)
+    if known is None or known[0] != host:
+        parsed = urllib3.util.parse_url(host)
+        origin = f"{parsed.scheme}://{parsed.netloc}"
+        if not host.startswith(origin):
+            return None
+        known = (host, len(origin), manager.connection_from_url(origin))
+        _POOLS[manager] = known
+    return known[2], url[known[1] :]

@@ -17,7 +17,7 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
   ``/metrics`` (each API server's encryption configuration, issue 19); and a
   Role in ``kube-system`` to list the API servers' identity Leases. They
   are the shipped file's rules but for the ``*`` one; a unit test
-  (tests/unit/test_rbac.py) keeps the two equal, reading the file.
+  (tests/unit/operations/test_rbac.py) keeps the two equal, reading the file.
 """
 
 from __future__ import annotations

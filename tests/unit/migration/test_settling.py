@@ -13,13 +13,8 @@ from dataclasses import dataclass
 import pytest
 
 from kubesim.health import Warmup, forbidden, health_answer
-from storage_migrator.kube.errors import (
-    KubeError,
-    error_from_answer,
-    from_transport_error,
-    is_server_trouble,
-    is_settling_answer,
-)
+from storage_migrator.kube.answers import error_from_answer, from_transport_error
+from storage_migrator.kube.errors import KubeError, is_server_trouble, is_settling_answer
 from storage_migrator.migration.settling import RetryStep, ServerTrouble, retry_step
 
 

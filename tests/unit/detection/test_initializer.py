@@ -47,7 +47,7 @@ from storage_migrator.models import (
 )
 from storage_migrator.settings import Settings
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference"
 EVENTS_HASH = "r2yiGXH7wu8="  # reference/README: core events and events.events.k8s.io report the same hash
 
 

@@ -960,7 +960,7 @@ def test_one_poll_keeps_current_in_persisted(
 
 # --- seed 000, HA: reporters (one per API server) -------------------------------------------
 # The rules of "Extending the work flow of the triggering controller"; the case
-# walkthrough table itself is tests/unit/test_walkthrough.py.
+# walkthrough table itself is tests/unit/detection/test_walkthrough.py.
 
 PERIOD = DetectionSettings(settle_seconds=0, stale_after_seconds=1200, poll_seconds=600)
 

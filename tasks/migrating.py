@@ -24,7 +24,8 @@ from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.ledger.recorder import encryption_key_of, requested_by
-from storage_migrator.migration.chunks import ChunkOptions, ChunkResult, MigrationAborted, WriteMode, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions, ChunkResult, MigrationAborted, WriteMode
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.lookahead import PageAhead
 from storage_migrator.migration.requests import (
     MigrationCancelled,

@@ -29,7 +29,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from storage_migrator.detection.tracking import select_resources, track_storage
 from storage_migrator.kube.discovery import DiscoveredResource
-from storage_migrator.migration.chunks import WriteMode
+from storage_migrator.migration.chunk_terms import WriteMode
 from storage_migrator.migration.targets import UnknownResource, resolve_target, write_mode_for
 from storage_migrator.models import GROUP, STORAGE_STATES, STORAGE_VERSION_MIGRATIONS, storage_state_name
 

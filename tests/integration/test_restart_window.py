@@ -34,7 +34,8 @@ from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdProcess, free_port, prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.migration.chunks import ChunkOptions, add_progress, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions, add_progress
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.migration.requests import failure_summary
 from storage_migrator.migration.settling import ServerTrouble

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.agreement.storage_versions import StorageVersionObservation
 from storage_migrator.agreement.storageversion_api import read_storage_version
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
@@ -40,7 +41,6 @@ from storage_migrator.models import (
     MIGRATIONS_KIND_NAME,
     MigrationProgress,
     ObjectFailure,
-    is_condition_true,
     new_storage_version_migration,
 )
 from storage_migrator.rotation.decisions import skips_server_check

@@ -27,9 +27,10 @@ from kubernetes import config as k8s_config
 from devstack import PrefectStack
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import create_migration, read_migration
-from storage_migrator.models import is_condition_true, new_storage_version_migration
+from storage_migrator.models import new_storage_version_migration
 from storage_migrator.settings import Settings
 
 # About 3 minutes at a load of 6 on 2 cores, 7 at a load of 20: above the suite's 300 s default.

@@ -257,8 +257,9 @@ def test_the_migrate_resource_flow_across_two_restarts_ends_succeeded(cluster: C
     `Succeeded`": the whole flow, whose checkpoints and status writes also meet the
     window (they retry like the writes), and the request's condition is the verdict."""
     from flows.migrate_resource import migrate_resource
+    from storage_migrator.conditions import is_condition_true
     from storage_migrator.migration.requests import list_migrations
-    from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
+    from storage_migrator.models import CONDITION_SUCCEEDED
 
     count = 600
     install_migration_crds(api)

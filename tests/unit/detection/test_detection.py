@@ -18,6 +18,7 @@ from conftest import migration_requested_by_detection
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from storage_migrator.conditions import is_condition_true, set_condition
 from storage_migrator.detection.planner import (
     DETECTION_LABEL,
     DISCOVERY_REPORTER,
@@ -52,9 +53,7 @@ from storage_migrator.models import (
     StorageStateStatus,
     StorageVersionHash,
     StorageVersionMigration,
-    is_condition_true,
     new_storage_version_migration,
-    set_condition,
     storage_state_name,
 )
 

@@ -16,6 +16,7 @@ from typing import Any, cast
 import pytest
 
 from storage_migrator.agreement.reporters import ReporterHash
+from storage_migrator.conditions import set_condition
 from storage_migrator.detection.actions import CreateMigration, CreateState, DeleteMigration, UpdateState
 from storage_migrator.detection.changes import is_heartbeat
 from storage_migrator.detection.initializer import (
@@ -43,7 +44,6 @@ from storage_migrator.models import (
     StorageStateStatus,
     StorageVersionMigration,
     new_storage_version_migration,
-    set_condition,
 )
 from storage_migrator.settings import Settings
 

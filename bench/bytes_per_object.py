@@ -23,7 +23,7 @@ from migrate_patch_vs_put import NAMESPACE, Pass, migrate
 from stand import create_configmaps, kubesim_process, machine
 
 from storage_migrator.kube.connection import api_client_from_settings
-from storage_migrator.migration.chunks import ChunkOptions
+from storage_migrator.migration.chunk_terms import ChunkOptions
 from storage_migrator.settings import Settings
 
 

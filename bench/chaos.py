@@ -65,10 +65,11 @@ from devstack.chaos import Compactor, Verdict, Writers, fault_mix, judge, markdo
 from kubesim import tls
 from kubesim.codec import derived_secret
 from kubesim.etcd import EtcdProcess, EtcdStore, prefix_end
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.writing import create_object
 from storage_migrator.migration.requests import MIGRATIONS, read_migration
-from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
+from storage_migrator.models import CONDITION_SUCCEEDED
 from storage_migrator.settings import Settings
 
 FLOW_CHILD = """

@@ -49,7 +49,8 @@ from stand import CONFIGMAPS, REPO, create_configmaps, kubesim_process, machine,
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.listing import list_page
 from storage_migrator.kube.writing import rewrite_with_patch
-from storage_migrator.migration.chunks import ChunkOptions, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.settings import Settings
 
 NAMESPACE = "bench"

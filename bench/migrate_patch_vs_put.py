@@ -37,7 +37,8 @@ from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.migration.chunks import ChunkOptions, WriteMode, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions, WriteMode
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.settings import Settings
 
 CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")

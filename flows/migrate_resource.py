@@ -52,7 +52,7 @@ from storage_migrator.agreement.storage_versions import (
     decide_agreement,
 )
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
-from storage_migrator.migration.chunks import MigrationAborted, add_progress
+from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
 from storage_migrator.models import (
     CONDITION_SUCCEEDED,

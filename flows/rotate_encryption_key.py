@@ -45,8 +45,9 @@ from pydantic import BaseModel, Field
 
 from flows.run_migrations import dispatch_requests, run_overrides
 from flows.server_config_gate import show_configs, wait_for_one_config
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.migration.targets import MigrationTarget
-from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
+from storage_migrator.models import CONDITION_SUCCEEDED
 from storage_migrator.rotation.decisions import (
     ENCRYPTION_KEY_ANNOTATION,
     REQUESTED_BY_LABEL,

@@ -21,10 +21,14 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from uuid import UUID
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import State
+from prefect.context import FlowRunContext
+from prefect.exceptions import ObjectNotFound
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from prefect.states import Failed
@@ -35,9 +39,12 @@ from flows.rotate_encryption_key import DEFAULT_RESOURCES, rotate_encryption_key
 from flows.server_config_gate import show_configs
 from storage_migrator.rotation.decisions import check_key_name
 from storage_migrator.rotation.runbook import (
+    ACTIVE_NAME,
     OPERATOR_PHASES,
+    ActiveRunbook,
     PhaseCheck,
     RunbookRecord,
+    blocking_runbook,
     instructions,
     next_phase,
     phase_reached,
@@ -80,6 +87,43 @@ def _load(key: str, old_key: str, resources: list[str]) -> RunbookRecord:
 
 def _save(record: RunbookRecord) -> None:
     Variable.set(record_name(record.key), record.model_dump(mode="json"), overwrite=True)
+
+
+def _this_run() -> str:
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        raise RuntimeError("the runbook claims its place from inside its flow run")
+    return str(context.flow_run.id)
+
+
+def _claim(key: str) -> str | None:
+    """Hold ACTIVE_NAME for this run; why not, if another live runbook run holds it.
+
+    Best effort: a Variable has no compare-and-set, so two runs started in the same
+    instant can both pass. Not a deployment concurrency limit: Prefect releases that
+    slot when the run pauses, then crashes the paused run (docs/key-rotation.md)."""
+    me = _this_run()
+    held = Variable.get(ACTIVE_NAME)
+    active = ActiveRunbook.model_validate(held) if isinstance(held, dict) else None
+    state, final = None, False
+    if active is not None and active.run_id != me:
+        with get_client(sync_client=True) as client:
+            try:
+                holder = client.read_flow_run(UUID(active.run_id)).state
+            except (ObjectNotFound, ValueError):
+                holder = None
+        if holder is not None:
+            state, final = holder.name, holder.is_final()
+    why = blocking_runbook(active, me=me, holder_state=state, holder_final=final)
+    if why is None:
+        Variable.set(ACTIVE_NAME, ActiveRunbook(run_id=me, key=key).model_dump(), overwrite=True)
+    return why
+
+
+def _release() -> None:
+    held = Variable.get(ACTIVE_NAME)
+    if isinstance(held, dict) and held.get("run_id") == _this_run():
+        Variable.unset(ACTIVE_NAME)
 
 
 def _wait_reached(settings: Settings, baseline: str | None, seconds: float) -> PhaseCheck:
@@ -129,6 +173,32 @@ def _final_check(settings: Settings, record: RunbookRecord) -> State[Any] | None
     return None
 
 
+def _run_phases(
+    settings: Settings, record: RunbookRecord, *, pause_timeout: int, settle_seconds: float, reencrypt: dict[str, Any]
+) -> State[Any] | None:
+    """Every phase from the one recorded to done; a Failed state if one cannot be finished."""
+    logger = get_run_logger()
+    while record.phase != "done":
+        phase = record.phase
+        if phase in OPERATOR_PHASES:
+            _operator_phase(settings, record, pause_timeout=pause_timeout, settle_seconds=settle_seconds)
+        elif phase == "reencrypt":
+            state = rotate_encryption_key(key=record.key, resources=record.resources, return_state=True, **reencrypt)
+            if not state.is_completed():
+                return Failed(message=f"phase 3 (re-encrypt and prove): {state.message} Run this runbook again "
+                                      "to resume at phase 3.")  # fmt: skip
+            record.reached[phase] = observe_configs(settings).common_hash or ""
+        else:
+            failed = _final_check(settings, record)
+            if failed is not None:
+                return failed
+            record.reached[phase] = observe_configs(settings).common_hash or ""
+        record.phase, record.baseline = next_phase(phase), None
+        _save(record)
+        logger.info("phase %s done; next: %s", phase, record.phase)
+    return None
+
+
 @flow(name="key-rotation-runbook", flow_run_name="key-rotation-runbook-{key}", persist_result=False,
       log_prints=False)  # fmt: skip
 def key_rotation_runbook(
@@ -153,28 +223,20 @@ def key_rotation_runbook(
     record = _load(key, old_key, list(DEFAULT_RESOURCES if resources is None else resources))
     settings = Settings.with_overrides(kubeconfig=kubeconfig, context=context,
                                        server_config_timeout_seconds=server_config_timeout)  # fmt: skip
-    logger.info("key rotation %s -> %s: at phase %s", old_key, key, record.phase)
-    while record.phase != "done":
-        phase = record.phase
-        if phase in OPERATOR_PHASES:
-            _operator_phase(settings, record, pause_timeout=pause_timeout, settle_seconds=settle_seconds)
-        elif phase == "reencrypt":
-            state = rotate_encryption_key(key=key, resources=record.resources, chunk_size=chunk_size,
-                                          write_rate_per_second=write_rate_per_second, max_parallel=max_parallel,
-                                          write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context,
-                                          server_config_timeout=server_config_timeout, return_state=True)  # fmt: skip
-            if not state.is_completed():
-                return Failed(message=f"phase 3 (re-encrypt and prove): {state.message} Run this runbook again "
-                                      "to resume at phase 3.")  # fmt: skip
-            record.reached[phase] = observe_configs(settings).common_hash or ""
-        else:
-            failed = _final_check(settings, record)
-            if failed is not None:
-                return failed
-            record.reached[phase] = observe_configs(settings).common_hash or ""
-        record.phase, record.baseline = next_phase(phase), None
-        _save(record)
-        logger.info("phase %s done; next: %s", phase, record.phase)
+    busy = _claim(key)
+    if busy is not None:
+        return Failed(message=busy)
+    try:
+        logger.info("key rotation %s -> %s: at phase %s", old_key, key, record.phase)
+        failed = _run_phases(settings, record, pause_timeout=pause_timeout, settle_seconds=settle_seconds,
+                             reencrypt={"chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
+                                        "max_parallel": max_parallel, "write_concurrency": write_concurrency,
+                                        "kubeconfig": kubeconfig, "context": context,
+                                        "server_config_timeout": server_config_timeout})  # fmt: skip
+    finally:
+        _release()
+    if failed is not None:
+        return failed
     message = (f"key rotation {old_key} -> {key} done: every object of {', '.join(record.resources)} is stored "
                f"under {key}, {old_key} is gone from every API server, and every object reads through each.")  # fmt: skip
     logger.info("%s", message)

@@ -54,6 +54,7 @@ from flows.events import delivered_events
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
 from flows.run_logs import our_logs_in_the_run
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.migration.dispatch import (
     RUNNING_ELSEWHERE,
     DispatchPlan,
@@ -61,7 +62,7 @@ from storage_migrator.migration.dispatch import (
     plan_dispatch,
     presumed_dead,
 )
-from storage_migrator.models import CONDITION_RUNNING, MIGRATIONS_KIND_NAME, StorageVersionMigration, is_condition_true
+from storage_migrator.models import CONDITION_RUNNING, MIGRATIONS_KIND_NAME, StorageVersionMigration
 from storage_migrator.settings import Settings
 from tasks.dispatching import read_migrations
 

@@ -43,10 +43,10 @@ from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import ENCRYPTED_PREFIX
 from kubesim.etcd import EtcdStore, prefix_end
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.detection.states import list_states
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import list_migrations
-from storage_migrator.models import is_condition_true
 from storage_migrator.settings import Settings
 
 WIDGETS = "widgets.demo.example.com"

@@ -20,11 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.agreement.storage_versions import StorageVersionObservation
 from storage_migrator.agreement.storageversion_api import read_storage_version
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.ledger.recorder import encryption_key_of, requested_by
-from storage_migrator.migration.chunks import ChunkOptions, ChunkResult, MigrationAborted, WriteMode, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions, ChunkResult, MigrationAborted, WriteMode
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.lookahead import PageAhead
 from storage_migrator.migration.requests import (
     MigrationCancelled,
@@ -39,7 +41,6 @@ from storage_migrator.models import (
     MIGRATIONS_KIND_NAME,
     MigrationProgress,
     ObjectFailure,
-    is_condition_true,
     new_storage_version_migration,
 )
 from storage_migrator.rotation.decisions import skips_server_check

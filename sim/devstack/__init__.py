@@ -23,7 +23,9 @@ from pathlib import Path
 
 from devstack.ui import ui_server_settings, wait_for_ui
 
-REPO = Path(__file__).resolve().parents[1]
+#: The project's root (prefect.yaml, flows/): devstack lives in sim/devstack/ of it, installed
+#: editable by the dev group, so its file is still in the checkout.
+REPO = Path(__file__).resolve().parents[2]
 POOL = "storage-migrator-local"
 
 

@@ -2,7 +2,7 @@
 server really serves, and the check that it does before anyone is sent there.
 
 The UI is a single-page app that asks `GET /ui-settings` where the API is and
-then talks to that address from the browser. Prefect 3.8 answers with
+then talks to that address from the browser. Prefect (3.8, 3.9) answers with
 `PREFECT_UI_API_URL`, which defaults to `PREFECT_API_URL` or else to
 `http://{PREFECT_SERVER_API_HOST}:{PREFECT_SERVER_API_PORT}/api`; `prefect server
 start --port P` changes neither setting, so a server on any port but 4200 sends

@@ -34,189 +34,22 @@ import struct
 import threading
 from typing import Any
 
+from kubesim.openapi_v2_definitions import (
+    ANY,
+    API_VERSION,
+    BUILTIN_FIELDS,
+    BUILTIN_REQUIRED,
+    KIND,
+    META,
+    PACKAGES,
+    STR,
+    meta_definitions,
+    rbac_definitions,
+    ref,
+)
 from kubesim.resources import ResourceType
 
 PROTOBUF = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf"
-META = "io.k8s.apimachinery.pkg.apis.meta.v1"
-_API_VERSION = {
-    "description": "APIVersion defines the versioned schema of this representation of an object. Servers should "
-    "convert recognized schemas to the latest internal value, and may reject unrecognized values.",
-    "type": "string",
-}
-_KIND = {
-    "description": "Kind is a string value representing the REST resource this object represents.",
-    "type": "string",
-}
-_STR = {"type": "string"}
-_BOOL = {"type": "boolean"}
-_INT64 = {"type": "integer", "format": "int64"}
-_STR_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_STR_LIST = {"type": "array", "items": {"type": "string"}}
-# Untyped: kubectl's validation accepts any value here (kube-openapi's Arbitrary).
-_ANY = {"description": "not modeled by kubesim: any value is accepted"}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/definitions/{name}"}
-
-
-def _meta_definitions() -> dict[str, dict[str, Any]]:
-    time = {"description": "RFC 3339 date and time.", "type": "string", "format": "date-time"}
-    return {
-        f"{META}.Time": time,
-        f"{META}.MicroTime": {**time, "description": "RFC 3339 date and time with microseconds."},
-        f"{META}.FieldsV1": {"description": "FieldsV1 stores a set of fields in a trie.", "type": "object"},
-        f"{META}.ManagedFieldsEntry": {
-            "type": "object",
-            "properties": {
-                "apiVersion": _STR,
-                "fieldsType": _STR,
-                "fieldsV1": _ref(f"{META}.FieldsV1"),
-                "manager": _STR,
-                "operation": _STR,
-                "subresource": _STR,
-                "time": _ref(f"{META}.Time"),
-            },
-        },
-        f"{META}.OwnerReference": {
-            "type": "object",
-            "required": ["apiVersion", "kind", "name", "uid"],
-            "properties": {
-                "apiVersion": _STR,
-                "blockOwnerDeletion": _BOOL,
-                "controller": _BOOL,
-                "kind": _STR,
-                "name": _STR,
-                "uid": _STR,
-            },
-            "x-kubernetes-map-type": "atomic",
-        },
-        f"{META}.ObjectMeta": {
-            "description": "ObjectMeta is metadata that all persisted resources must have.",
-            "type": "object",
-            "properties": {
-                "annotations": _STR_MAP,
-                "creationTimestamp": _ref(f"{META}.Time"),
-                "deletionGracePeriodSeconds": _INT64,
-                "deletionTimestamp": _ref(f"{META}.Time"),
-                "finalizers": _STR_LIST,
-                "generateName": _STR,
-                "generation": _INT64,
-                "labels": _STR_MAP,
-                "managedFields": {"type": "array", "items": _ref(f"{META}.ManagedFieldsEntry")},
-                "name": _STR,
-                "namespace": _STR,
-                "ownerReferences": {"type": "array", "items": _ref(f"{META}.OwnerReference")},
-                "resourceVersion": _STR,
-                "selfLink": _STR,
-                "uid": _STR,
-            },
-        },
-        f"{META}.ListMeta": {
-            "description": "ListMeta describes metadata that synthetic resources must have.",
-            "type": "object",
-            "properties": {"continue": _STR, "remainingItemCount": _INT64, "resourceVersion": _STR, "selfLink": _STR},
-        },
-        "io.k8s.api.core.v1.ObjectReference": {
-            "type": "object",
-            "properties": {
-                "apiVersion": _STR,
-                "fieldPath": _STR,
-                "kind": _STR,
-                "name": _STR,
-                "namespace": _STR,
-                "resourceVersion": _STR,
-                "uid": _STR,
-            },
-            "x-kubernetes-map-type": "atomic",
-        },
-        "io.k8s.api.core.v1.LocalObjectReference": {
-            "type": "object",
-            "properties": {"name": _STR},
-            "x-kubernetes-map-type": "atomic",
-        },
-    }
-
-
-_BYTES_MAP = {"type": "object", "additionalProperties": {"type": "string", "format": "byte"}}
-_CORE_EVENT = ["action", "count", "eventTime", "firstTimestamp", "involvedObject", "lastTimestamp", "message"]
-_CORE_EVENT += ["reason", "related", "reportingComponent", "reportingInstance", "series", "source", "type"]
-_EVENTS_EVENT = ["action", "deprecatedCount", "deprecatedFirstTimestamp", "deprecatedLastTimestamp"]
-_EVENTS_EVENT += ["deprecatedSource", "eventTime", "note", "reason", "regarding", "related"]
-_EVENTS_EVENT += ["reportingController", "reportingInstance", "series", "type"]
-
-RBAC = "io.k8s.api.rbac.v1"
-
-
-def _rbac_definitions() -> dict[str, dict[str, Any]]:
-    """What `kubectl apply` of a ClusterRole and its binding is validated against (k8s.io/api rbac/v1)."""
-    return {
-        f"{RBAC}.PolicyRule": {
-            "type": "object",
-            "required": ["verbs"],
-            "properties": {
-                "apiGroups": _STR_LIST,
-                "nonResourceURLs": _STR_LIST,
-                "resourceNames": _STR_LIST,
-                "resources": _STR_LIST,
-                "verbs": _STR_LIST,
-            },
-        },
-        f"{RBAC}.AggregationRule": {"type": "object", "properties": {"clusterRoleSelectors": _ANY}},
-        f"{RBAC}.Subject": {
-            "type": "object",
-            "required": ["kind", "name"],
-            "properties": {"apiGroup": _STR, "kind": _STR, "name": _STR, "namespace": _STR},
-            "x-kubernetes-map-type": "atomic",
-        },
-        f"{RBAC}.RoleRef": {
-            "type": "object",
-            "required": ["apiGroup", "kind", "name"],
-            "properties": {"apiGroup": _STR, "kind": _STR, "name": _STR},
-            "x-kubernetes-map-type": "atomic",
-        },
-    }
-
-
-_RULES = {"type": "array", "items": _ref(f"{RBAC}.PolicyRule")}
-_BINDING = {"roleRef": _ref(f"{RBAC}.RoleRef"), "subjects": {"type": "array", "items": _ref(f"{RBAC}.Subject")}}
-
-# The fields of each built-in kind besides apiVersion, kind and metadata, as
-# k8s.io/api v1.36 declares them; `_ANY` where kubesim does not type them.
-_BUILTIN_FIELDS: dict[tuple[str, str], dict[str, Any]] = {
-    ("", "ConfigMap"): {"binaryData": _BYTES_MAP, "data": _STR_MAP, "immutable": _BOOL},
-    ("", "Secret"): {"data": _BYTES_MAP, "immutable": _BOOL, "stringData": _STR_MAP, "type": _STR},
-    ("", "Namespace"): {
-        "spec": {"type": "object", "properties": {"finalizers": _STR_LIST}},
-        "status": {"type": "object", "properties": {"conditions": _ANY, "phase": _STR}},
-    },
-    ("", "ServiceAccount"): {
-        "automountServiceAccountToken": _BOOL,
-        "imagePullSecrets": {"type": "array", "items": _ref("io.k8s.api.core.v1.LocalObjectReference")},
-        "secrets": {"type": "array", "items": _ref("io.k8s.api.core.v1.ObjectReference")},
-    },
-    ("", "Event"): {name: _ANY for name in _CORE_EVENT},
-    ("", "Binding"): {"target": _ref("io.k8s.api.core.v1.ObjectReference")},
-    ("", "ComponentStatus"): {"conditions": _ANY},
-    ("events.k8s.io", "Event"): {name: _ANY for name in _EVENTS_EVENT},
-    ("rbac.authorization.k8s.io", "ClusterRole"): {"aggregationRule": _ref(f"{RBAC}.AggregationRule"), "rules": _RULES},
-    ("rbac.authorization.k8s.io", "Role"): {"rules": _RULES},
-    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): _BINDING,
-    ("rbac.authorization.k8s.io", "RoleBinding"): _BINDING,
-}
-#: Required fields of built-in kinds (kubectl refuses a file without them).
-_BUILTIN_REQUIRED: dict[tuple[str, str], list[str]] = {
-    ("rbac.authorization.k8s.io", "ClusterRoleBinding"): ["roleRef"],
-    ("rbac.authorization.k8s.io", "RoleBinding"): ["roleRef"],
-}
-
-# Where k8s.io/api (and the two extension API servers) define each group's types.
-_PACKAGES = {
-    "": "io.k8s.api.core",
-    "apiextensions.k8s.io": "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions",
-    "apiregistration.k8s.io": "io.k8s.kube-aggregator.pkg.apis.apiregistration",
-    "internal.apiserver.k8s.io": "io.k8s.api.apiserverinternal",
-}
 
 
 def definition_name(group: str, version: str, kind: str, *, custom: bool = False) -> str:
@@ -224,7 +57,7 @@ def definition_name(group: str, version: str, kind: str, *, custom: bool = False
     a CRD's kind: reversed group, version, kind, `io.k8s.migration.v1alpha1.StorageVersionMigration`)."""
     if custom:
         return ".".join([*reversed(group.split(".")), version, kind])
-    package = _PACKAGES.get(group) or f"io.k8s.api.{group.split('.')[0]}"
+    package = PACKAGES.get(group) or f"io.k8s.api.{group.split('.')[0]}"
     return f"{package}.{version}.{kind}"
 
 
@@ -234,7 +67,7 @@ def _gvk(group: str, version: str, kind: str) -> list[dict[str, str]]:
 
 def _with_type_meta(schema: dict[str, Any], metadata: str) -> dict[str, Any]:
     props = dict(schema.get("properties") or {})
-    props.update(apiVersion=_API_VERSION, kind=_KIND, metadata=_ref(metadata))
+    props.update(apiVersion=API_VERSION, kind=KIND, metadata=ref(metadata))
     return {**schema, "properties": dict(sorted(props.items()))}
 
 
@@ -243,7 +76,7 @@ def _list_definition(rt: ResourceType, version: str, item: str, list_kind: str) 
         "description": f"{list_kind} is a list of {rt.kind}",
         "type": "object",
         "required": ["items"],
-        "properties": {"items": {"type": "array", "items": _ref(item)}},
+        "properties": {"items": {"type": "array", "items": ref(item)}},
         "x-kubernetes-group-version-kind": _gvk(rt.group, version, list_kind),
     }
     return _with_type_meta(schema, f"{META}.ListMeta")
@@ -280,7 +113,7 @@ def _to_v2(s: dict[str, Any]) -> dict[str, Any]:
             out.pop("required", None)
         out["additionalProperties"] = _to_v2(extra)
     if s.get("x-kubernetes-embedded-resource") and "properties" in out:
-        out["properties"] = {"apiVersion": _STR, "kind": _STR, "metadata": {"type": "object"}, **out["properties"]}
+        out["properties"] = {"apiVersion": STR, "kind": STR, "metadata": {"type": "object"}, **out["properties"]}
     return out
 
 
@@ -303,8 +136,8 @@ def _paths(rt: ResourceType, version: str, name: str) -> dict[str, Any]:
     collection = f"{base}/namespaces/{{namespace}}/{rt.resource}" if rt.namespaced else f"{base}/{rt.resource}"
     op = {
         "operationId": f"create{rt.kind}",
-        "parameters": [{"name": "body", "in": "body", "required": True, "schema": _ref(name)}],
-        "responses": {"201": {"description": "Created", "schema": _ref(name)}},
+        "parameters": [{"name": "body", "in": "body", "required": True, "schema": ref(name)}],
+        "responses": {"201": {"description": "Created", "schema": ref(name)}},
         "x-kubernetes-action": "post",
         "x-kubernetes-group-version-kind": _gvk(rt.group, version, rt.kind)[0],
     }
@@ -312,7 +145,7 @@ def _paths(rt: ResourceType, version: str, name: str) -> dict[str, Any]:
 
 
 def build(types: list[ResourceType], *, server_version: str = "1.36") -> dict[str, Any]:
-    definitions = {**_meta_definitions(), **_rbac_definitions()}
+    definitions = {**meta_definitions(), **rbac_definitions()}
     paths: dict[str, Any] = {}
     for rt in types:
         for version in rt.served_versions:
@@ -320,10 +153,10 @@ def build(types: list[ResourceType], *, server_version: str = "1.36") -> dict[st
             if rt.is_custom:
                 definitions[name] = _crd_definition(rt, version)
             else:
-                fields = copy.deepcopy(_BUILTIN_FIELDS.get((rt.group, rt.kind), {"spec": _ANY, "status": _ANY}))
+                fields = copy.deepcopy(BUILTIN_FIELDS.get((rt.group, rt.kind), {"spec": ANY, "status": ANY}))
                 schema: dict[str, Any] = {"type": "object", "properties": fields}
-                if (rt.group, rt.kind) in _BUILTIN_REQUIRED:
-                    schema["required"] = _BUILTIN_REQUIRED[(rt.group, rt.kind)]
+                if (rt.group, rt.kind) in BUILTIN_REQUIRED:
+                    schema["required"] = BUILTIN_REQUIRED[(rt.group, rt.kind)]
                 definitions[name] = {
                     **_with_type_meta(schema, f"{META}.ObjectMeta"),
                     "x-kubernetes-group-version-kind": _gvk(rt.group, version, rt.kind),

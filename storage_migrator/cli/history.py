@@ -19,12 +19,13 @@ import typer
 
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
+from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.ledger import queries
 from storage_migrator.ledger.database import display_url, ledger_engine
 from storage_migrator.ledger.queries import Gap, RunHistory, UnrecordedMigration
 from storage_migrator.ledger.recorder import requested_by
 from storage_migrator.migration.requests import list_migrations
-from storage_migrator.models import MIGRATIONS_KIND_NAME, StorageVersionMigration, phase_from_conditions
+from storage_migrator.models import MIGRATIONS_KIND_NAME, StorageVersionMigration
 
 __all__ = ["command", "parse_since"]
 

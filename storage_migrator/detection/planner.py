@@ -58,7 +58,7 @@ API server, each polling on its own clock, so "two polls" there means "every
 reporter has reported since the change" ("to give newly deployed triggering
 controller a chance to report the hash"). One poll here reads every reporter
 at once, so the rule is "identical in this poll, every entry heard within one
-period"; the walkthrough table is replayed as a test (tests/unit/test_walkthrough.py).
+period"; the walkthrough table is replayed as a test (tests/unit/detection/test_walkthrough.py).
 A change of the agreed hash still waits for the settle delay.
 
 Times in annotations are RFC 3339 with second precision (``metav1.Time``'s).

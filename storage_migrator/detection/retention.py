@@ -24,13 +24,10 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.detection.actions import DeleteMigration
 from storage_migrator.migration.dispatch import finished_at, is_finished, migration_resource
-from storage_migrator.models import (
-    CONDITION_FAILED,
-    StorageVersionMigration,
-    is_condition_true,
-)
+from storage_migrator.models import CONDITION_FAILED, StorageVersionMigration
 
 __all__ = ["ACKNOWLEDGED_ANNOTATION", "finished_at", "is_acknowledged", "plan_retention"]
 

@@ -15,9 +15,10 @@ from typing import Final
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.agreement.reporters import ReporterRound
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.detection.actions import PLANNER_REQUESTERS
 from storage_migrator.migration.dispatch import finished_at
-from storage_migrator.models import CONDITION_FAILED, StorageVersionMigration, is_condition_true
+from storage_migrator.models import CONDITION_FAILED, StorageVersionMigration
 
 #: Label on the migrations detection creates; its value is :data:`DETECTION_LABEL_VALUE`.
 DETECTION_LABEL: Final = "migration.k8s.io/requested-by"

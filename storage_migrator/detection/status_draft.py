@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from storage_migrator.agreement.reporters import ReporterRound
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.detection.rules import (
     SETTLE_ANNOTATION,
     SINCE_ANNOTATION,
@@ -21,14 +22,7 @@ from storage_migrator.detection.rules import (
     parse_time,
     proves,
 )
-from storage_migrator.models import (
-    CONDITION_SUCCEEDED,
-    UNKNOWN,
-    StorageState,
-    StorageVersionMigration,
-    format_time,
-    is_condition_true,
-)
+from storage_migrator.models import CONDITION_SUCCEEDED, UNKNOWN, StorageState, StorageVersionMigration, format_time
 
 
 @dataclass

@@ -17,8 +17,9 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.ledger.schema import ChunkRow, GapRow, PollRow, RunOutcomeRow, RunRow, StateChangeRow
-from storage_migrator.models import StorageVersionMigration, phase_from_conditions, storage_state_name
+from storage_migrator.models import StorageVersionMigration, storage_state_name
 
 __all__ = [
     "Gap",

@@ -22,7 +22,7 @@ from storage_migrator.ledger.records import (
     ServerCheck,
 )
 from storage_migrator.ledger.writer import LedgerWriter, WriterOptions, writer_for
-from storage_migrator.migration.chunks import ChunkResult
+from storage_migrator.migration.chunk_terms import ChunkResult
 from storage_migrator.models import MigrationProgress
 from storage_migrator.rotation.decisions import ENCRYPTION_KEY_ANNOTATION, REQUESTED_BY_LABEL, ROTATION_REQUESTER
 from storage_migrator.settings import Settings

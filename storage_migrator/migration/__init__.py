@@ -9,6 +9,7 @@ write budget, and records failures by name, never by content.
     targets.py      which resource a request names, checked against discovery
     dispatch.py     which pending requests run now (one at a time per resource)
     chunks.py       one chunk: a LIST page, then a no-op write of each item
+    chunk_terms.py  what a chunk is asked and answers, and what ends a migration
     lookahead.py    the next page, asked for while this one is written
     failures.py     what is recorded of an object that could not be rewritten
     settling.py     a settling API server, and the one retry policy

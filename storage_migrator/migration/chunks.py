@@ -30,10 +30,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 from kubernetes.client import ApiClient
-from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.kube.errors import (
     RBAC_FIX,
@@ -50,96 +49,22 @@ from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import WriteResult, rewrite_with_patch, rewrite_with_put
 from storage_migrator.migration.backoff import retry_delay
+from storage_migrator.migration.chunk_terms import (
+    ChunkOptions,
+    ChunkResult,
+    MigrationAborted,
+    Outcome,
+)
 from storage_migrator.migration.failures import answer_summary, object_failure
 from storage_migrator.migration.lookahead import PageAhead
 from storage_migrator.migration.pacing import NoPacing, Pacer
 from storage_migrator.migration.settling import RetryStep, ServerTrouble, retry_step
-from storage_migrator.models import MAX_RECORDED_FAILURES, MigrationProgress, ObjectFailure
+from storage_migrator.models import MAX_RECORDED_FAILURES, ObjectFailure
 
-__all__ = [
-    "ChunkOptions",
-    "ChunkResult",
-    "MigrationAborted",
-    "Outcome",
-    "WriteMode",
-    "add_progress",
-    "migrate_chunk",
-]
-
-Outcome = Literal["rewritten", "unchanged", "gone", "conflicted", "failed"]
-WriteMode = Literal["patch", "put"]
+__all__ = ["migrate_chunk"]
 
 #: A chunk LIST that keeps answering 410 without progress is restarted at most this often.
 MAX_EXPIRED_RELISTS = 5
-
-
-class MigrationAborted(Exception):
-    """The migration cannot go on (resource gone, not writable, LIST failing); the message says why."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (MigrationAborted, (self.reason, self.message))
-
-
-class ChunkOptions(BaseModel):
-    """How to migrate a chunk; built from the settings by the flow."""
-
-    model_config = ConfigDict(frozen=True)
-
-    limit: int = Field(default=500, ge=1, description="Objects per LIST page.")
-    write_mode: WriteMode = Field(default="patch", description="Merge patch, or PUT as read (fallback).")
-    write_concurrency: int = Field(default=8, ge=1, description="Writes in flight at once.")
-    max_write_attempts: int = Field(default=6, ge=1, description="Attempts per object for transient answers.")
-    max_list_attempts: int = Field(default=6, ge=1, description="Attempts per LIST for transient answers.")
-    backoff_base_seconds: float = Field(default=0.5, gt=0)
-    backoff_max_seconds: float = Field(default=30.0, gt=0)
-    request_timeout_seconds: float = Field(default=60.0, gt=0)
-    settle_window_seconds: float = Field(
-        default=60.0, ge=0, description="A 401/403 this soon after a connection error or 5xx is the server settling."
-    )
-    settle_timeout_seconds: float = Field(
-        default=120.0, ge=0, description="Longest wait for a settling server, per request (not counted as attempts)."
-    )
-
-
-class ChunkResult(BaseModel):
-    """What one chunk did: counters and tokens, never object contents."""
-
-    model_config = ConfigDict(frozen=True)
-
-    token_in: str | None = Field(description="The continue token the chunk started from (None: the beginning).")
-    token_out: str | None = Field(description="The token of the next chunk; None when the LIST is complete.")
-    listed: int = 0
-    rewritten: int = 0
-    unchanged: int = 0
-    gone: int = 0
-    conflicted: int = 0
-    failed: int = 0
-    failures: list[ObjectFailure] = Field(default_factory=list, description="The first failed objects.")
-    remaining_item_count: int | None = None
-    relisted: int = Field(default=0, description="LISTs answered 410 and re-issued.")
-    retries: int = Field(default=0, description="Transient answers retried (LIST and writes).")
-    settle_waits: int = Field(default=0, description="401/403 answers of a settling server waited out.")
-    second_tries: int = Field(default=0, description="Failed objects tried once more at the end of the chunk.")
-    bytes_received: int = 0
-
-
-def add_progress(progress: MigrationProgress, chunk: ChunkResult) -> MigrationProgress:
-    """The progress after one more settled chunk."""
-    return MigrationProgress(
-        listed=progress.listed + chunk.listed,
-        rewritten=progress.rewritten + chunk.rewritten,
-        unchanged=progress.unchanged + chunk.unchanged,
-        gone=progress.gone + chunk.gone,
-        conflicted=progress.conflicted + chunk.conflicted,
-        failed=progress.failed + chunk.failed,
-        chunks=progress.chunks + 1,
-        remaining_item_count=chunk.remaining_item_count,
-    )
 
 
 class _Tally:

@@ -23,13 +23,12 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.conditions import get_condition, is_condition_true
 from storage_migrator.models import (
     CONDITION_FAILED,
     CONDITION_RUNNING,
     CONDITION_SUCCEEDED,
     StorageVersionMigration,
-    get_condition,
-    is_condition_true,
     storage_state_name,
 )
 

@@ -17,6 +17,7 @@ from typing import Protocol
 
 from kubernetes.client import ApiClient
 
+from storage_migrator.conditions import phase_from_conditions, set_condition
 from storage_migrator.kube.errors import RBAC_FIX, Conflict, NotFound, denied_permission
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.reading import read_object
@@ -35,8 +36,6 @@ from storage_migrator.models import (
     MigrationProgress,
     ObjectFailure,
     StorageVersionMigration,
-    phase_from_conditions,
-    set_condition,
 )
 
 __all__ = [

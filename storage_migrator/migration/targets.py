@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.kube.discovery import DiscoveredResource, pick_preferred
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.migration.chunks import WriteMode
+from storage_migrator.migration.chunk_terms import WriteMode
 
 __all__ = ["MigrationTarget", "UnknownResource", "resolve_target", "write_mode_for"]
 

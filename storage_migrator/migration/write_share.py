@@ -38,7 +38,7 @@ max_age seconds, nobody else wrote in any window it writes in, so its bucket may
 hold CATCH_UP_SECONDS of writes, still within its window count. Spent just
 before it learns of a joiner, those writes are paid for by its margin: at half
 the budget, 2 * CATCH_UP_SECONDS of the joiner's share.
-tests/unit/test_write_share.py simulates joins, leaves, slow reads and pauses
+tests/unit/migration/test_write_share.py simulates joins, leaves, slow reads and pauses
 and checks every 10 s window.
 
 This module knows nothing of Prefect: `tasks/write_budget.py` feeds it views.

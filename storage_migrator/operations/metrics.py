@@ -24,9 +24,10 @@ from typing import Final
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.ledger import queries
 from storage_migrator.ledger.database import ledger_engine
-from storage_migrator.models import StorageVersionMigration, phase_from_conditions, storage_state_name
+from storage_migrator.models import StorageVersionMigration, storage_state_name
 
 __all__ = ["DURATION_BUCKETS", "PHASES", "MigratorCollector"]
 

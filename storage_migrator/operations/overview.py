@@ -26,15 +26,9 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.migration.dispatch import finished_at
-from storage_migrator.models import (
-    KubeTime,
-    MigrationPhase,
-    StorageState,
-    StorageVersionMigration,
-    phase_from_conditions,
-    storage_state_name,
-)
+from storage_migrator.models import KubeTime, MigrationPhase, StorageState, StorageVersionMigration, storage_state_name
 
 __all__ = ["ResourceOverview", "overview", "resource_name"]
 

@@ -17,7 +17,7 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
   ``/metrics`` (each API server's encryption configuration, issue 19); and a
   Role in ``kube-system`` to list the API servers' identity Leases. They
   are the shipped file's rules but for the ``*`` one; a unit test
-  (tests/unit/test_rbac.py) keeps the two equal, reading the file.
+  (tests/unit/operations/test_rbac.py) keeps the two equal, reading the file.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from storage_migrator.detection.tracking import select_resources, track_storage
 from storage_migrator.kube.discovery import DiscoveredResource
-from storage_migrator.migration.chunks import WriteMode
+from storage_migrator.migration.chunk_terms import WriteMode
 from storage_migrator.migration.targets import UnknownResource, resolve_target, write_mode_for
 from storage_migrator.models import GROUP, STORAGE_STATES, STORAGE_VERSION_MIGRATIONS, storage_state_name
 

@@ -21,13 +21,12 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.conditions import is_condition_true, phase_from_conditions
 from storage_migrator.models import (
     CONDITION_FAILED,
     CONDITION_SUCCEEDED,
     MIGRATIONS_KIND_NAME,
     StorageVersionMigration,
-    is_condition_true,
-    phase_from_conditions,
     storage_state_name,
 )
 

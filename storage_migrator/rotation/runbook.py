@@ -23,11 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from storage_migrator.agreement.server_configs import ServerConfigs
 
 __all__ = [
+    "ACTIVE_NAME",
     "OPERATOR_PHASES",
     "PHASES",
+    "ActiveRunbook",
     "Phase",
     "PhaseCheck",
     "RunbookRecord",
+    "blocking_runbook",
     "instructions",
     "next_phase",
     "phase_reached",
@@ -49,6 +52,33 @@ _TITLES: Final[dict[Phase, str]] = {
     "final-check": "5 of 5: read every object through every API server",
     "done": "done",
 }
+
+
+#: The Prefect Variable naming the runbook run in progress: one at a time, because each
+#: takes "every server moved off the phase's starting configuration" as its own change.
+ACTIVE_NAME: Final = "storage-migrator-runbook-active"
+
+
+class ActiveRunbook(BaseModel):
+    """The runbook run that holds :data:`ACTIVE_NAME`."""
+
+    run_id: str
+    key: str
+
+
+def blocking_runbook(
+    active: ActiveRunbook | None, *, me: str, holder_state: str | None, holder_final: bool
+) -> str | None:
+    """Why this run may not start (None: it may): another runbook run holds the claim and has not
+    ended. A holder that is gone (`holder_state` None) or in a final state no longer counts."""
+    if active is None or active.run_id == me or holder_state is None or holder_final:
+        return None
+    return (
+        f"another key-rotation runbook is in progress: flow run {active.run_id} (key {active.key}), "
+        f"{holder_state}. Two at once would each take the other's configuration change for its own: "
+        "finish or cancel that run first. If it is dead (its process killed and its state never set), "
+        f"mark it Crashed, or delete the Prefect Variable {ACTIVE_NAME}."
+    )
 
 
 def next_phase(phase: Phase) -> Phase:

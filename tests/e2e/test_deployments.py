@@ -17,9 +17,9 @@ from kubernetes import config as k8s_config
 from devstack import PrefectStack
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import list_migrations
-from storage_migrator.models import is_condition_true
 from storage_migrator.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds")]

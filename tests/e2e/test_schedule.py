@@ -16,9 +16,10 @@ from storage_migrator.detection.states import list_states
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.settings import Settings
 
-# Its own waits add up to 600 s (240 + 120 + 240) after a Prefect server, a deploy and a worker
-# start: the suite's 300 s net cut it off on a loaded 2-core CI (it takes 200-270 s alone here).
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(900)]
+# Its own waits add up to 780 s (420 + 120 + 240) after a Prefect server, a deploy and a worker
+# start (85 s loaded): the suite's 300 s net cut it off on a loaded 2-core CI (it takes 140-270 s
+# alone here), and a first refinement took over 240 s twice under extra load.
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(1200)]
 GROUP, VERSION = "migration.k8s.io", "v1alpha1"
 
 
@@ -62,7 +63,7 @@ def test_a_scheduled_poll_detects_a_switch_and_refines_the_state(
 
     # First scheduled polls: the state appears and is refined after the first migration.
     first = wait_for(lambda: (s := configmaps_state(kubesim)) and s.status.persisted_storage_version_hashes == [
-        s.status.current_storage_version_hash] and s, timeout=240, what="the first refinement")  # fmt: skip
+        s.status.current_storage_version_hash] and s, timeout=420, what="the first refinement")  # fmt: skip
     old_hash = first.status.current_storage_version_hash
     kubesim.admin.set_storage_version("configmaps", "v2")
     changed = wait_for(lambda: (s := configmaps_state(kubesim)) and s.status.current_storage_version_hash != old_hash

@@ -356,7 +356,7 @@ def test_a_failed_migration_names_the_object_without_its_content(ran: Ran, page:
 
 def test_history_links_open_the_run_in_the_classic_ui(ran: Ran, page: Page) -> None:
     """`storage-migrator history` links each run as <PREFECT_UI_URL>/runs/flow-run/<id>:
-    Prefect 3.8 serves that address with its first UI, which must reach the API too."""
+    Prefect (3.8, 3.9) serves that address with its first UI, which must reach the API too."""
     run = ran.failed
     page.goto(f"{ran.stack.ui_url}/runs/flow-run/{run.flow_run_id}")
     text(page, run.name)

@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
 
+from storage_migrator.conditions import set_condition
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.discovery import discover, pick_preferred
 from storage_migrator.kube.errors import AlreadyExists, Conflict, KubeError, NotFound
@@ -34,11 +35,7 @@ from storage_migrator.kube.writing import (
     rewrite_with_patch,
     rewrite_with_put,
 )
-from storage_migrator.models import (
-    StorageVersionMigration,
-    new_storage_version_migration,
-    set_condition,
-)
+from storage_migrator.models import StorageVersionMigration, new_storage_version_migration
 from storage_migrator.settings import Settings
 
 CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")

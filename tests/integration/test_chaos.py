@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 
 from devstack.chaos import Compactor, Writers, encode_data, fault_mix, judge, stored_objects
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import create_object
 from storage_migrator.migration.requests import read_migration
-from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
+from storage_migrator.models import CONDITION_SUCCEEDED
 from storage_migrator.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")

@@ -44,7 +44,8 @@ from storage_migrator.kube.listing import ListPage, list_page
 from storage_migrator.kube.reading import read_object
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import create_object, delete_object, patch_object, replace_object
-from storage_migrator.migration.chunks import ChunkOptions, ChunkResult, MigrationAborted, add_progress, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions, ChunkResult, MigrationAborted, add_progress
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.lookahead import PageAhead
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
 from storage_migrator.migration.requests import (

@@ -3,7 +3,7 @@
 Issue 12 item 2: "`status`: one row per resource — current hash, persisted
 hashes, the last migration's phase, progress, rate and ETA — like `kubectl
 get` ... JSON output is a list of objects with stable keys, documented."
-The values are judged, not the layout (tests/unit/test_overview.py has the rules).
+The values are judged, not the layout (tests/unit/operations/test_overview.py has the rules).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_status_lists_each_resource_with_its_last_migration(
     _state(custom, "configmaps", "", "configmaps", "hC1", ["hC1"])
     _state(custom, "widgets.example.com", "example.com", "widgets", "hW", ["Unknown"])
     # secrets: an older finished migration, then the one Running now (300 listed in ~100 s, 700 left).
-    # Created in the same second or later; within a second the name decides (tests/unit/test_overview.py
+    # Created in the same second or later; within a second the name decides (tests/unit/operations/test_overview.py
     # has creationTimestamp first).
     started, done = now - timedelta(hours=2), now - timedelta(hours=2) + timedelta(seconds=50)
     _migration(custom, "secrets-1", "secrets", {

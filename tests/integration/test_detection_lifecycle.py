@@ -14,13 +14,14 @@ import pytest
 from conftest import crd_manifest
 from kubernetes import client as k8s
 
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.detection.planner import SETTLE_ANNOTATION, storage_version_hash
 from storage_migrator.detection.states import STATES, list_states
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.writing import patch_object
 from storage_migrator.migration.requests import list_migrations
-from storage_migrator.models import UNKNOWN, StorageState, is_condition_true
+from storage_migrator.models import UNKNOWN, StorageState
 from storage_migrator.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")

@@ -32,15 +32,10 @@ from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import list_migrations
-from storage_migrator.models import (
-    CONDITION_FAILED,
-    CONDITION_RUNNING,
-    CONDITION_SUCCEEDED,
-    StorageVersionMigration,
-    is_condition_true,
-)
+from storage_migrator.models import CONDITION_FAILED, CONDITION_RUNNING, CONDITION_SUCCEEDED, StorageVersionMigration
 from storage_migrator.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]

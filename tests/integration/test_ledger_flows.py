@@ -31,15 +31,17 @@ from kubesim.codec import decode
 from kubesim.etcd import prefix_end
 from storage_migrator.agreement.apiservers import observe_server_configs
 from storage_migrator.cli import main
+from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.ledger import queries
 from storage_migrator.ledger.database import head_revision, ledger_engine, schema_revision
 from storage_migrator.ledger.records import PollRecord
 from storage_migrator.ledger.writer import writer_for
-from storage_migrator.migration.chunks import ChunkOptions, add_progress, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions, add_progress
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.requests import MigrationRecord, list_migrations, read_migration
-from storage_migrator.models import UNKNOWN, MigrationProgress, phase_from_conditions, storage_state_name
+from storage_migrator.models import UNKNOWN, MigrationProgress, storage_state_name
 from storage_migrator.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")

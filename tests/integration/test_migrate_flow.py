@@ -22,9 +22,9 @@ from ledger_fixtures import sqlite_ledger_bytes
 
 from kubesim.codec import decode
 from kubesim.etcd import prefix_end
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import list_migrations, read_migration
-from storage_migrator.models import is_condition_true
 from storage_migrator.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")

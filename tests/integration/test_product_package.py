@@ -106,3 +106,13 @@ def test_the_dev_environment_gets_the_simulator_from_its_own_distribution(member
     module = import_module(member)
     assert Path(module.__file__ or "").resolve().is_relative_to(ROOT / "sim" / member)
     assert distribution("storage-migrator-sim").version == "0.1.0"
+
+
+def test_the_dev_stack_runs_prefect_from_the_projects_root() -> None:
+    """devstack runs `prefect deploy --all` and the workers in `devstack.REPO`: the root that
+    holds prefect.yaml and the flows, two levels above sim/devstack/ (it was one before the move,
+    and every e2e test then failed with "Unable to read the specified config file")."""
+    import devstack
+
+    assert devstack.REPO == ROOT
+    assert (devstack.REPO / "prefect.yaml").is_file() and (devstack.REPO / "flows").is_dir()

@@ -35,7 +35,8 @@ from kubesim.cluster import Cluster
 from kubesim.etcd import EtcdProcess, free_port, prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.migration.chunks import ChunkOptions, add_progress, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions, add_progress
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter
 from storage_migrator.migration.requests import failure_summary
 from storage_migrator.migration.settling import ServerTrouble
@@ -257,8 +258,9 @@ def test_the_migrate_resource_flow_across_two_restarts_ends_succeeded(cluster: C
     `Succeeded`": the whole flow, whose checkpoints and status writes also meet the
     window (they retry like the writes), and the request's condition is the verdict."""
     from flows.migrate_resource import migrate_resource
+    from storage_migrator.conditions import is_condition_true
     from storage_migrator.migration.requests import list_migrations
-    from storage_migrator.models import CONDITION_SUCCEEDED, is_condition_true
+    from storage_migrator.models import CONDITION_SUCCEEDED
 
     count = 600
     install_migration_crds(api)

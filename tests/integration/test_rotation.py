@@ -28,7 +28,8 @@ from kubernetes import config as k8s_config
 from kubesim.etcd import prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.migration.chunks import ChunkOptions, migrate_chunk
+from storage_migrator.migration.chunk_terms import ChunkOptions
+from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.settings import Settings
 

@@ -285,7 +285,8 @@ def test_a_checkpoint_taken_under_another_configuration_is_not_resumed(servers: 
     first chunk's 5 objects count as rewritten (by the run that died); started again, as unchanged."""
     from flows.migrate_resource import migrate_resource
     from storage_migrator.kube.resources import ResourceRef
-    from storage_migrator.migration.chunks import ChunkOptions, add_progress, migrate_chunk
+    from storage_migrator.migration.chunk_terms import ChunkOptions, add_progress
+    from storage_migrator.migration.chunks import migrate_chunk
     from storage_migrator.migration.requests import MigrationRecord, create_migration
     from storage_migrator.models import MigrationProgress, new_storage_version_migration
     from storage_migrator.rotation.decisions import ENCRYPTION_KEY_ANNOTATION

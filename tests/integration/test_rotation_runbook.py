@@ -77,7 +77,7 @@ def test_the_runbook_rotates_key1_to_key2_under_writers_and_faults(
     ]  # fmt: skip
     admin.set_faults(faults)
     # Short backoffs: this test is about what survives the faults, not how long the migrator
-    # waits between tries (tests/unit/test_backoff.py); the defaults made it take 90 s. 8 attempts
+    # waits between tries (tests/unit/migration/test_backoff.py); the defaults made it take 90 s. 8 attempts
     # per object instead of 6, as in test_chaos.py: each of these faults fails a request (18.5% of
     # them), so the 6 + 1 tries of one object all fail once in ~135,000 objects, about once in 110
     # runs of this test's 1,200 writes (seen in CI: "s-0166 (429 TooManyRequests)"); 8 + 1: once in 3,000.

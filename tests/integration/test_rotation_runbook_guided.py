@@ -75,12 +75,28 @@ def recorded_phase(key: str) -> str | None:
     return saved["phase"] if isinstance(saved, dict) else None
 
 
+def active_runbook() -> Any:
+    from prefect.variables import Variable
+
+    from storage_migrator.rotation.runbook import ACTIVE_NAME
+
+    return Variable.get(ACTIVE_NAME)
+
+
 def form_text(run: Any) -> str:
     from prefect.client.orchestration import get_client
 
     keyset = run.state.state_details.run_input_keyset
     with get_client(sync_client=True) as client:
         return str(client.read_flow_run_input(run.id, keyset["description"]))
+
+
+def crash(run_id: Any) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run_id, Crashed(message="its process was killed"), force=True)
 
 
 def submit(run: Any, done: bool = True) -> None:
@@ -146,6 +162,15 @@ def test_the_guided_runbook_gates_each_phase_and_resumes_after_a_kill(
             first.kill()
     assert recorded_phase(key) == "reencrypt"
     assert set(stored_keys(cluster, f"/registry/secrets/{ns}/").values()) == {"key1", "key2"}, "killed part-way"
+    # The killed run still says Running, and holds the runbooks' one place: a second runbook
+    # is refused, naming it, and writes nothing.
+    other = f"key3-{uuid.uuid4().hex[:6]}"
+    refused = start_runbook(prefect_api, kubeconfig, other, log)
+    assert refused.wait(timeout=120) == 1
+    assert f"another key-rotation runbook is in progress: flow run {run.id} (key {key})" in log.read_text()
+    assert recorded_phase(other) is None
+    # What a process worker does when its run's process dies: the run is marked Crashed.
+    crash(run.id)
 
     second = start_runbook(prefect_api, kubeconfig, key, log)
     try:
@@ -159,6 +184,7 @@ def test_the_guided_runbook_gates_each_phase_and_resumes_after_a_kill(
         if second.poll() is None:
             second.kill()
     assert recorded_phase(key) == "done"
+    assert active_runbook() is None, "the finished run gave its place back"
     for server in range(3):
         core = k8s.CoreV1Api(
             k8s_config.new_client_from_config(config_file=str(kubeconfig), context=f"kubesim-{server}")

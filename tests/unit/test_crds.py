@@ -16,6 +16,7 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
+from storage_migrator.conditions import set_condition
 from storage_migrator.models import (
     MAX_RECORDED_FAILURES,
     GroupResource,
@@ -27,7 +28,6 @@ from storage_migrator.models import (
     StorageVersionMigration,
     new_storage_state,
     new_storage_version_migration,
-    set_condition,
 )
 
 CRDS = Path(__file__).resolve().parents[2] / "deployments" / "crds"

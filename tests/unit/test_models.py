@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
+from storage_migrator.conditions import get_condition, is_condition_true, phase_from_conditions, set_condition
 from storage_migrator.models import (
     UNKNOWN,
     MigrationProgress,
@@ -11,12 +12,8 @@ from storage_migrator.models import (
     StorageState,
     StorageVersionHash,
     StorageVersionMigration,
-    get_condition,
-    is_condition_true,
     new_storage_state,
     new_storage_version_migration,
-    phase_from_conditions,
-    set_condition,
     storage_state_name,
 )
 

@@ -24,6 +24,7 @@ from typing import Literal
 import pytest
 from conftest import migration_requested_by_detection
 
+from storage_migrator.conditions import set_condition
 from storage_migrator.detection.planner import (
     SINCE_ANNOTATION,
     CreateMigration,
@@ -48,7 +49,6 @@ from storage_migrator.models import (
     StorageStateStatus,
     StorageVersionHash,
     StorageVersionMigration,
-    set_condition,
 )
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

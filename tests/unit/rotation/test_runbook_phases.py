@@ -15,9 +15,12 @@ import pytest
 
 from storage_migrator.agreement.server_configs import ConfigSample, IdentityLease, id_hash, server_configs
 from storage_migrator.rotation.runbook import (
+    ACTIVE_NAME,
     OPERATOR_PHASES,
     PHASES,
+    ActiveRunbook,
     RunbookRecord,
+    blocking_runbook,
     instructions,
     next_phase,
     phase_reached,
@@ -82,3 +85,29 @@ def test_the_write_key_is_first_only_from_phase_2_and_the_old_key_goes_in_phase_
 
 def test_the_record_is_a_prefect_variable_name() -> None:
     assert record_name("v1.key-2") == "storage-migrator-runbook-v1_key-2"
+
+
+ME, OTHER = "11111111-1111-1111-1111-111111111111", "22222222-2222-2222-2222-222222222222"
+
+
+@pytest.mark.parametrize(
+    ("holder", "state", "final", "blocked"),
+    [
+        (None, None, False, False),  # nobody holds it
+        (ME, "Running", False, False),  # this very run (resumed in place)
+        (OTHER, None, False, False),  # the holder's run is gone from the server
+        (OTHER, "Crashed", True, False),  # it ended: its place is free
+        (OTHER, "Completed", True, False),
+        (OTHER, "Paused", False, True),  # waiting for its operator: still in progress
+        (OTHER, "Running", False, True),
+        (OTHER, "Scheduled", False, True),
+    ],
+)
+def test_one_runbook_at_a_time(holder: str | None, state: str | None, final: bool, blocked: bool) -> None:
+    """Each runbook takes "every server moved off the phase's starting configuration" as its
+    own change, so a second one in progress would take the first one's edit for its own."""
+    active = None if holder is None else ActiveRunbook(run_id=holder, key="key2")
+    why = blocking_runbook(active, me=ME, holder_state=state, holder_final=final)
+    assert (why is not None) == blocked
+    if why:
+        assert OTHER in why and "key2" in why and state in why and ACTIVE_NAME in why

@@ -15,7 +15,7 @@ from kubesim.__main__ import _encryption_files, parser
 from kubesim.cluster import Cluster
 from kubesim.server_config import EncryptionConfig, ServerConfig, admin_document
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "apiserver-metrics-encryption-config.txt"
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "apiserver-metrics-encryption-config.txt"
 #: The reference server's identity Lease name, and the hashes its /metrics reported.
 REFERENCE_LEASE = "apiserver-wlv32tlttr4jl3gtroqexyxapa"
 REFERENCE_ID_HASH = "sha256:73095bbbe8f317654631b5a70d7c53951e472e19c3daa5b71a50958a5e82991b"

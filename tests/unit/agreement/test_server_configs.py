@@ -28,7 +28,7 @@ from storage_migrator.agreement.server_configs import (
 from storage_migrator.agreement.server_metrics import parse_config_samples
 
 NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "apiserver-metrics-encryption-config.txt"
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "apiserver-metrics-encryption-config.txt"
 H1, H2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
 

@@ -24,7 +24,7 @@ from storage_migrator.operations.rbac import (
     shipped_rules,
 )
 
-RBAC = Path(__file__).resolve().parents[2] / "deployments" / "rbac" / "storage-migrator.yaml"
+RBAC = Path(__file__).resolve().parents[3] / "deployments" / "rbac" / "storage-migrator.yaml"
 
 
 def cluster_role() -> dict[str, Any]:

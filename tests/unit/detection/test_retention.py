@@ -14,9 +14,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from storage_migrator.conditions import set_condition
 from storage_migrator.detection.actions import DeleteMigration
 from storage_migrator.detection.retention import ACKNOWLEDGED_ANNOTATION, plan_retention
-from storage_migrator.models import StorageVersionMigration, new_storage_version_migration, set_condition
+from storage_migrator.models import StorageVersionMigration, new_storage_version_migration
 from storage_migrator.settings import Settings
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)

@@ -16,6 +16,7 @@ from typing import Any, cast
 import pytest
 
 from storage_migrator.agreement.reporters import ReporterHash
+from storage_migrator.conditions import set_condition
 from storage_migrator.detection.actions import CreateMigration, CreateState, DeleteMigration, UpdateState
 from storage_migrator.detection.changes import is_heartbeat
 from storage_migrator.detection.initializer import (
@@ -43,11 +44,10 @@ from storage_migrator.models import (
     StorageStateStatus,
     StorageVersionMigration,
     new_storage_version_migration,
-    set_condition,
 )
 from storage_migrator.settings import Settings
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference"
 EVENTS_HASH = "r2yiGXH7wu8="  # reference/README: core events and events.events.k8s.io report the same hash
 
 

@@ -28,7 +28,7 @@ from storage_migrator.ledger.database import (
 from storage_migrator.ledger.recorder import RunRecorder, encryption_key_of, requested_by
 from storage_migrator.ledger.records import PollRecord, StateChange
 from storage_migrator.ledger.writer import LedgerWriter, WriterOptions
-from storage_migrator.migration.chunks import ChunkResult
+from storage_migrator.migration.chunk_terms import ChunkResult
 from storage_migrator.models import (
     GroupVersionResource,
     MigrationProgress,

@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from storage_migrator.cli.status import duration
+from storage_migrator.conditions import set_condition
 from storage_migrator.models import (
     MigrationProgress,
     StorageState,
     StorageVersionMigration,
     new_storage_state,
     new_storage_version_migration,
-    set_condition,
 )
 from storage_migrator.operations.overview import overview
 

@@ -18,6 +18,7 @@ from conftest import migration_requested_by_detection
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
+from storage_migrator.conditions import is_condition_true, set_condition
 from storage_migrator.detection.planner import (
     DETECTION_LABEL,
     DISCOVERY_REPORTER,
@@ -52,9 +53,7 @@ from storage_migrator.models import (
     StorageStateStatus,
     StorageVersionHash,
     StorageVersionMigration,
-    is_condition_true,
     new_storage_version_migration,
-    set_condition,
     storage_state_name,
 )
 
@@ -960,7 +959,7 @@ def test_one_poll_keeps_current_in_persisted(
 
 # --- seed 000, HA: reporters (one per API server) -------------------------------------------
 # The rules of "Extending the work flow of the triggering controller"; the case
-# walkthrough table itself is tests/unit/test_walkthrough.py.
+# walkthrough table itself is tests/unit/detection/test_walkthrough.py.
 
 PERIOD = DetectionSettings(settle_seconds=0, stale_after_seconds=1200, poll_seconds=600)
 

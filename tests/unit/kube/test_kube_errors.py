@@ -31,7 +31,7 @@ from storage_migrator.kube.errors import (
     is_retriable,
 )
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference"
 SENTINEL = "s3cr3t-SENTINEL-do-not-leak"
 
 

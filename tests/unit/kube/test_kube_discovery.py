@@ -19,7 +19,7 @@ from storage_migrator.kube.discovery import (
     preferred_versions,
 )
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
+REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference"
 
 
 def load(name: str) -> Any:

@@ -18,7 +18,7 @@ import yaml
 from kubesim import cel, crds, schemas
 from kubesim.errors import StatusError
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "deployments" / "crds"
+CRD_DIR = Path(__file__).resolve().parents[3] / "deployments" / "crds"
 
 
 def crd(name: str) -> dict[str, Any]:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
+from storage_migrator.conditions import set_condition
 from storage_migrator.models import (
     MigrationProgress,
     ObjectFailure,
     StorageVersionMigration,
     new_storage_version_migration,
-    set_condition,
 )
 from storage_migrator.rotation.decisions import (
     ENCRYPTION_KEY_ANNOTATION,

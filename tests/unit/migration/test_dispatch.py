@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from storage_migrator.conditions import get_condition, set_condition
 from storage_migrator.migration.dispatch import (
     OVER_PARALLEL_LIMIT,
     RUNNING_ELSEWHERE,
@@ -23,9 +24,7 @@ from storage_migrator.migration.dispatch import (
 from storage_migrator.models import (
     StorageVersionMigration,
     StorageVersionMigrationStatus,
-    get_condition,
     new_storage_version_migration,
-    set_condition,
 )
 
 NOW = datetime(2026, 11, 22, 12, 0, 0, tzinfo=UTC)

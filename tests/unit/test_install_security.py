@@ -85,3 +85,24 @@ def test_the_flow_run_jobs_run_as_non_root_with_the_migrators_service_account(
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     # The image's user is the same numeric one, so runAsNonRoot can check it.
     assert f"USER {pod['securityContext']['runAsUser']}:" in (ROOT / "Dockerfile").read_text()
+
+
+def test_the_worker_and_the_flow_run_jobs_have_cpu_and_memory_requests_and_limits(
+    install: dict[tuple[str, str], Any],
+) -> None:
+    """Issue 22: "A CPU request and limit on the worker Deployment and the kubernetes
+    pool's job template" (the flow is one Python process: about one core at most, and
+    docs/operator-guide.md "Sizing" says what one CPU sustains)."""
+    from prefect.utilities.templating import apply_values
+
+    (worker,) = install[("Deployment", "prefect-worker")]["spec"]["template"]["spec"]["containers"]
+    assert set(worker["resources"]["requests"]) == set(worker["resources"]["limits"]) == {"cpu", "memory"}
+
+    template = json.loads((ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text())
+    defaults = {name: spec.get("default") for name, spec in template["variables"]["properties"].items()}
+    job = apply_values(template["job_configuration"]["job_manifest"], defaults)
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {
+        "requests": {"cpu": "250m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "1Gi"},
+    }

@@ -127,10 +127,13 @@ def _timeout(seconds: float) -> urllib3.Timeout:
     return urllib3.Timeout(total=seconds)
 
 
-#: Pool manager -> (API server URL, length of its scheme://host:port, its connection pool); gone with the client.
-_POOLS: weakref.WeakKeyDictionary[urllib3.PoolManager, tuple[str, int, urllib3.HTTPConnectionPool]] = (
-    weakref.WeakKeyDictionary()
-)
+#: Pool manager -> (API server URL, length of its scheme://host:port, its connection pool); gone with the
+#: client. The pool is held weakly: `ApiClient.close()` clears the manager, which drops its pools, and
+#: urllib3 closes a pool's connections when the pool is collected; a strong reference here would keep
+#: them open for as long as the closed client lives.
+_POOLS: weakref.WeakKeyDictionary[
+    urllib3.PoolManager, tuple[str, int, weakref.ReferenceType[urllib3.HTTPConnectionPool]]
+] = weakref.WeakKeyDictionary()
 
 
 def _server_pool(manager: urllib3.PoolManager, host: str, url: str) -> tuple[urllib3.HTTPConnectionPool, str] | None:
@@ -139,11 +142,13 @@ def _server_pool(manager: urllib3.PoolManager, host: str, url: str) -> tuple[url
     if type(manager) is not urllib3.PoolManager or not url.startswith(host):
         return None
     known = _POOLS.get(manager)
-    if known is None or known[0] != host:
+    pool = known[2]() if known is not None and known[0] == host else None
+    if pool is None or known is None:
         parsed = urllib3.util.parse_url(host)
         origin = f"{parsed.scheme}://{parsed.netloc}"
         if not host.startswith(origin):
             return None
-        known = (host, len(origin), manager.connection_from_url(origin))
+        pool = manager.connection_from_url(origin)
+        known = (host, len(origin), weakref.ref(pool))
         _POOLS[manager] = known
-    return known[2], url[known[1] :]
+    return pool, url[known[1] :]

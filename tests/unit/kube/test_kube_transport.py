@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import urllib3
 
 from storage_migrator.kube.transport import _server_pool
@@ -23,3 +26,20 @@ def test_a_proxy_or_another_host_is_left_to_the_pool_manager() -> None:
     host = "https://127.0.0.1:6443"
     assert _server_pool(urllib3.ProxyManager("http://proxy.example:3128"), host, f"{host}/api") is None
     assert _server_pool(urllib3.PoolManager(), host, "https://10.0.0.1:6443/api") is None
+
+
+def test_the_pool_goes_with_the_clients_close_and_a_new_one_is_asked_for() -> None:
+    """`ApiClient.close()` clears the manager, which drops its pools (urllib3 closes a pool's
+    connections when it is collected): this cache must not keep the old one alive, and a
+    client used after it gets the manager's new pool."""
+    manager = urllib3.PoolManager()
+    host = "https://127.0.0.1:6443"
+    first = _server_pool(manager, host, f"{host}/api")
+    assert first is not None
+    gone = weakref.ref(first[0])
+    del first
+    manager.clear()
+    gc.collect()
+    assert gone() is None
+    again = _server_pool(manager, host, f"{host}/api")
+    assert again is not None and again[0] is manager.connection_from_url(host)

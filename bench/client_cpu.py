@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
-import os
 import subprocess
 import time
 import uuid
@@ -47,7 +45,7 @@ from typing import Any
 
 from bench.pyspy import sampled, summary
 from bench.raw_tls_loop import RawLoop
-from bench.stand import REPO, create_configmaps, kubesim_process, machine, median_spread
+from bench.stand import REPO, create_configmaps, kubesim_process, machine, median_spread, quiet_unbudgeted_flows
 from kubesim.admin import Admin
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.errors import KubeError
@@ -246,10 +244,7 @@ def main() -> None:
     parser.add_argument("--kubeconfig", help="an API server to measure against instead of kubesim (its current "
                         "context; objects are created in a namespace of their own, deleted afterwards)")  # fmt: skip
     args = parser.parse_args()
-    os.environ.update({"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                       "PREFECT_TASKS_DEFAULT_NO_CACHE": "true", "PREFECT_LOGGING_LEVEL": "WARNING",
-                       "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "false"})  # fmt: skip
-    logging.getLogger("prefect").setLevel(logging.WARNING)
+    quiet_unbudgeted_flows()
     from prefect.testing.utilities import prefect_test_harness
 
     print(f"machine: {machine()}", flush=True)

@@ -34,8 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +42,16 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client import ApiClient
-from stand import CONFIGMAPS, REPO, create_configmaps, kubesim_process, machine, median_spread, ratios
+from stand import (
+    CONFIGMAPS,
+    REPO,
+    create_configmaps,
+    kubesim_process,
+    machine,
+    median_spread,
+    quiet_unbudgeted_flows,
+    ratios,
+)
 
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.listing import list_page
@@ -187,10 +194,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="bytes of data per ConfigMap")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved repetitions")
     args = parser.parse_args()
-    os.environ.update({"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                       "PREFECT_TASKS_DEFAULT_NO_CACHE": "true", "PREFECT_LOGGING_LEVEL": "WARNING",
-                       "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "false"})  # fmt: skip
-    logging.getLogger("prefect").setLevel(logging.WARNING)
+    quiet_unbudgeted_flows()
     from prefect.testing.utilities import prefect_test_harness
 
     print(f"machine: {machine()}", flush=True)

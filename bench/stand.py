@@ -15,6 +15,7 @@ also run as files (`uv run python bench/<script>.py`, importing `stand`).
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import re
@@ -147,6 +148,15 @@ def create_configmaps(api: ApiClient, n: int, *, namespace: str, threads: int, s
     with ThreadPoolExecutor(max_workers=threads) as pool:
         list(pool.map(create, range(n)))
     return n / (time.perf_counter() - started)
+
+
+def quiet_unbudgeted_flows() -> None:
+    """The environment of a process that runs the flow to measure it: no telemetry, no cache,
+    warnings only, and no shared write budget (each pass paces itself, or not at all)."""
+    os.environ.update({"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                       "PREFECT_TASKS_DEFAULT_NO_CACHE": "true", "PREFECT_LOGGING_LEVEL": "WARNING",
+                       "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "false"})  # fmt: skip
+    logging.getLogger("prefect").setLevel(logging.WARNING)
 
 
 def machine() -> str:

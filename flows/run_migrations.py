@@ -12,7 +12,9 @@ Pending) in Prefect for ever, and a dispatcher waiting on them would wait for
 ever (issue 14). So the dispatcher looks again every `check_seconds`: a
 migration whose run a worker took longer than the lease ago, without a
 checkpoint since (`presumed_dead`), gets that run marked Crashed, with the reason, and is
-resumed from its checkpoint by the next round, on whichever worker is alive;
+resumed from its checkpoint by the next round, on whichever worker is alive (a run
+still shown a lease after its request finished was killed while wrapping up: it is
+only marked);
 once per request and dispatcher run, so a run that dies again waits for the
 next dispatcher. Before resuming a request it did not start, the dispatcher
 marks the dead runs it finds for it (by their `migration:<name>` tag) the same
@@ -58,6 +60,7 @@ from storage_migrator.conditions import is_condition_true
 from storage_migrator.migration.dispatch import (
     RUNNING_ELSEWHERE,
     DispatchPlan,
+    is_finished,
     migration_resource,
     plan_dispatch,
     presumed_dead,
@@ -103,8 +106,13 @@ def _run_one(child: _Child, overrides: dict[str, Any], deployed: bool, poll_seco
         time.sleep(poll_seconds)
 
 
-def _dead_message(name: str, state: str, lease_seconds: float) -> str:
-    return (f"{MIGRATIONS_KIND_NAME}/{name} had no checkpoint, and this run showed {state}, for longer than "
+def _dead_message(migration: StorageVersionMigration, state: str, lease_seconds: float) -> str:
+    name = f"{MIGRATIONS_KIND_NAME}/{migration.metadata.name}"
+    if is_finished(migration):
+        return (f"{name} finished, and this run still showed {state}, longer than lease_seconds ({lease_seconds:g} s) "
+                "ago: its process is presumed dead (its worker stopped or was killed while it wrapped up); the "
+                "request's verdict stands")  # fmt: skip
+    return (f"{name} had no checkpoint, and this run showed {state}, for longer than "
             f"lease_seconds ({lease_seconds:g} s): its process is presumed dead (its worker stopped or was "
             "killed); run-migrations resumes the request from its checkpoint")  # fmt: skip
 
@@ -122,10 +130,11 @@ def _crash_dead_runs(
             for run in candidates:
                 state = run.state
                 claimed = state.timestamp if state is not None and (state.is_running() or state.is_pending()) else None
-                if state is None or not presumed_dead(migrations.get(name), claimed_at=claimed, now=now,
-                                                      lease_seconds=lease_seconds):  # fmt: skip
+                migration = migrations.get(name)
+                if state is None or migration is None or not presumed_dead(migration, claimed_at=claimed, now=now,
+                                                                           lease_seconds=lease_seconds):  # fmt: skip
                     continue
-                message = _dead_message(name, str(state.name), lease_seconds)
+                message = _dead_message(migration, str(state.name), lease_seconds)
                 logger.warning("flow run %s (%s): %s", run.name, run.id, message)
                 client.set_flow_run_state(run.id, Crashed(message=message), force=True)
                 crashed.append(name)

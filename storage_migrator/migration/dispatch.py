@@ -13,7 +13,9 @@ A ``Running`` condition is a lease: the run that owns it refreshes its
 (resume it from its stored continue token, seed 002 "Failure recovery").
 The same lease judges a flow run that still shows Running in Prefect after its
 process died with its worker (Prefect marks nothing Crashed by itself then):
-`presumed_dead` says when the dispatcher may mark it Crashed and resume it.
+`presumed_dead` says when the dispatcher may mark it Crashed and resume it;
+a run killed after its request's verdict (while wrapping up) is judged by the
+verdict's time instead, and only marked.
 """
 
 from __future__ import annotations
@@ -152,16 +154,22 @@ def presumed_dead(
     lease is not live: a live run refreshes it within seconds of starting and at
     every checkpoint, so neither happened for a whole lease (its process was
     killed with its worker, or its machine died; a worker that dies before the
-    process starts leaves the run Pending for ever). Never for a request that is
-    finished or gone (the run is only wrapping up or cancelling), nor for a run
-    no worker has taken (None: it waits for one).
+    process starts leaves the run Pending for ever). For a finished request, when
+    it finished longer than ``lease_seconds`` ago: a live run wraps up within
+    seconds of writing the verdict, so one still shown Pending or Running a
+    whole lease later was killed while wrapping up, and would wait for ever.
+    Never for a request that is gone (the run cancels itself), nor for a run no
+    worker has taken (None: it waits for one).
     """
-    if migration is None or is_finished(migration) or claimed_at is None:
+    if migration is None or claimed_at is None:
         return False
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
     if (now - claimed_at).total_seconds() <= lease_seconds:
         return False
+    if is_finished(migration):
+        done = finished_at(migration)
+        return done is not None and (now - done).total_seconds() > lease_seconds
     return not _lease_is_live(migration, now=now, lease_seconds=lease_seconds)
 
 

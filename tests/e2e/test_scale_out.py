@@ -200,6 +200,27 @@ def history(stack: PrefectStack) -> dict[str, Any]:
         return {str(r.id): r for r in client.read_flow_runs(limit=200)}
 
 
+def explain_runs(stack: PrefectStack, crash: Crash) -> str:
+    """Every run of the killed migrations (which worker took it, its states) and what the dispatchers
+    logged about them: what a failure needs to say which run was left, and why."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.sorting import LogSort
+
+    takers = {run: worker for worker in WORKERS for run in submitted(stack, worker)}
+    lines = [f"killed at {crash.at.isoformat()} (migrations {crash.migrations}, beta's runs {crash.runs})"]
+    with SyncPrefectClient(api=stack.api_url) as client:
+        runs = client.read_flow_runs(limit=200)
+        for run in runs:
+            if migration_of(run) in crash.migrations:
+                states = client.read_flow_run_states(run.id)
+                lines.append(f"run {run.id} on {takers.get(str(run.id), '?')}: " + " -> ".join(
+                    f"{st.name}@{st.timestamp:%H:%M:%S} {(st.message or '')[:80]!r}" for st in states))  # fmt: skip
+        logs = client.read_logs(limit=200, sort=LogSort.TIMESTAMP_DESC)
+        lines += [f"log {log.flow_run_id} {log.timestamp:%H:%M:%S}: {log.message[:200]}" for log in reversed(logs)
+                  if any(m in log.message for m in crash.migrations) or "could not" in log.message]  # fmt: skip
+    return "\n".join(lines)
+
+
 def run_kill_and_resume(stack: PrefectStack, ours: Any, names: dict[str, str], wait_for: Any) -> Crash:
     """run-migrations on alpha; beta joins; beta and its flow runs are killed once its
     migration has a checkpoint; returns when every request has Succeeded."""
@@ -317,7 +338,10 @@ def test_two_workers_share_the_work_the_budget_and_a_crash(
         return now if dead and all(r.state and r.state.is_final() for r in dead) else None
 
     # 300 s: twice this session a CI-like run with other load beside took more than 120 s.
-    runs = wait_for(killed_runs_final, timeout=300, what="the killed runs to end in a final state")
+    try:
+        runs = wait_for(killed_runs_final, timeout=300, what="the killed runs to end in a final state")
+    except pytest.fail.Exception as exc:
+        pytest.fail(f"{exc}: {explain_runs(stack, crash)}")
     with SyncPrefectClient(api=stack.api_url) as client:
         budget = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
 

@@ -370,8 +370,16 @@ DEAD_ROWS = [
      NOW - timedelta(seconds=10), False),
     ("run not taken by a worker (waits for one)", svm("a", "secrets", state="running"), None, False),
     ("never marked Running for a whole lease: dead", svm("a", "secrets"), LONG_AGO, True),
-    ("request succeeded: the run is wrapping up", svm("a", "secrets", state="succeeded"), LONG_AGO, False),
-    ("request failed: the run is wrapping up", svm("a", "secrets", state="failed"), LONG_AGO, False),
+    ("request succeeded within the lease: the run is wrapping up",
+     svm("a", "secrets", state="succeeded", updated=FRESH), LONG_AGO, False),
+    ("request failed within the lease: the run is wrapping up",
+     svm("a", "secrets", state="failed", updated=FRESH), LONG_AGO, False),
+    ("request succeeded a lease ago, its run still shown: killed while wrapping up",
+     svm("a", "secrets", state="succeeded"), LONG_AGO, True),
+    ("request failed a lease ago, its run still shown: killed while wrapping up",
+     svm("a", "secrets", state="failed"), LONG_AGO, True),
+    ("request finished a lease ago, run taken within the lease (a late resume): alive",
+     svm("a", "secrets", state="succeeded"), NOW - timedelta(seconds=10), False),
     ("request deleted: the run cancels itself", None, LONG_AGO, False),
 ]  # fmt: skip
 

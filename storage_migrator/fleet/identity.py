@@ -1,0 +1,68 @@
+"""A cluster's identity: the UID of its kube-system namespace (issue 20).
+
+Design decision: the identity must change when the cluster does, whatever the
+kubeconfig says (a server URL is reused behind a load balancer, a context
+renamed); every cluster has a ``kube-system`` namespace from its first start,
+and its UID is as old as the cluster. Reading it takes ``get`` on that one
+namespace (deployments/rbac, resourceNames).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from kubernetes.client import ApiClient
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage_migrator.fleet.names import identity_variable
+from storage_migrator.kube.reading import read_object
+from storage_migrator.kube.resources import ResourceRef
+
+__all__ = [
+    "ClusterIdentity",
+    "IdentityChanged",
+    "IdentityVerdict",
+    "judge_identity",
+    "read_cluster_uid",
+]
+
+_NAMESPACES = ResourceRef(version="v1", resource="namespaces")
+
+
+class ClusterIdentity(BaseModel):
+    """Which cluster a run talked to."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cluster: str = Field(min_length=1, description="The block's name, or 'default'.")
+    uid: str = Field(min_length=1, description="metadata.uid of the cluster's kube-system namespace.")
+
+
+class IdentityVerdict(StrEnum):
+    FIRST_SEEN = "first-seen"  # nothing recorded: record it
+    SAME = "same"
+    CHANGED = "changed"  # fail before any write
+
+
+class IdentityChanged(Exception):
+    """The cluster a name points at is not the one recorded under that name."""
+
+
+def judge_identity(cluster: str, *, recorded: str | None, observed: str) -> tuple[IdentityVerdict, str]:
+    """The verdict and what to say about it (the message names both identities when they differ)."""
+    if recorded is None:
+        return IdentityVerdict.FIRST_SEEN, f"cluster {cluster!r} is kube-system uid {observed}: recorded"
+    if recorded == observed:
+        return IdentityVerdict.SAME, f"cluster {cluster!r} is kube-system uid {observed}, as recorded"
+    return IdentityVerdict.CHANGED, (
+        f"cluster {cluster!r} was kube-system uid {recorded} and now answers as kube-system uid {observed}: "
+        "its credentials point at another cluster (or it was reinstalled). Nothing was written. Point the "
+        f"block back at the cluster it names, or, if the cluster was reinstalled on purpose, delete the "
+        f"recorded identity (prefect variable delete {identity_variable(cluster)}) and run again"
+    )
+
+
+def read_cluster_uid(api: ApiClient, *, timeout: float) -> str:
+    """metadata.uid of kube-system (metadata only: one small answer)."""
+    answer = read_object(api, _NAMESPACES, name="kube-system", metadata_only=True, timeout=timeout)
+    return str(answer["metadata"]["uid"])

@@ -51,6 +51,7 @@ from storage_migrator.agreement.storage_versions import (
     StorageVersionObservation,
     decide_agreement,
 )
+from storage_migrator.fleet.names import budget_limit_name, cluster_tag
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
@@ -62,6 +63,7 @@ from storage_migrator.models import (
     ObjectFailure,
 )
 from storage_migrator.settings import Settings
+from tasks.cluster_identity import check_cluster_identity
 from tasks.migrating import (
     MigrationHandle,
     check_agreement,
@@ -110,8 +112,8 @@ def _artifact_key(name: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", f"migration-{name}".lower()).strip("-")[:100]
 
 
-def _label_run(handle: MigrationHandle) -> None:
-    """`migrate-secrets-v1-1a2b3c4d`, tagged with the resource, for the Prefect UI."""
+def _label_run(handle: MigrationHandle, cluster: str | None) -> None:
+    """`migrate-secrets-v1-1a2b3c4d`, tagged with the resource and the cluster, for the Prefect UI."""
     run_id = flow_run.id
     if run_id is None:
         return
@@ -119,7 +121,8 @@ def _label_run(handle: MigrationHandle) -> None:
     try:
         with get_client(sync_client=True) as client:
             current = client.read_flow_run(run_id)
-            tags = sorted({*(current.tags or []), f"resource:{handle.group_resource}", f"migration:{handle.name}"})
+            tags = sorted({*(current.tags or []), f"resource:{handle.group_resource}", f"migration:{handle.name}",
+                           cluster_tag(cluster)})  # fmt: skip
             client.update_flow_run(run_id, name=name, tags=tags)
     except Exception as exc:  # noqa: BLE001 - a label is not worth failing a migration
         get_run_logger().warning("could not rename the flow run: %s", exc)
@@ -262,14 +265,18 @@ def migrate_resource(
     write_concurrency: int | None = None,
     kubeconfig: str | None = None,
     context: str | None = None,
+    cluster: str | None = None,
 ) -> MigrationSummary | State[Any]:
     """Migrate one resource: `migration` names an existing request; else `resource`
-    (with `group`, `version`) creates one. Other parameters override the settings."""
+    (with `group`, `version`) creates one. `cluster` names a KubernetesClusterConfig
+    block (issue 20; left out: the cluster of the environment). Other parameters
+    override the settings."""
     # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
     with delivered_events(), our_logs_in_the_run():
         return _migrate(resource=resource, group=group, version=version, migration=migration,
                         chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
-                        write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
+                        write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context,
+                        cluster=cluster)  # fmt: skip
 
 
 def _migrate(
@@ -283,15 +290,18 @@ def _migrate(
     write_concurrency: int | None,
     kubeconfig: str | None,
     context: str | None,
+    cluster: str | None,
 ) -> MigrationSummary | State[Any]:
     """The run itself (see the module docstring)."""
     logger = get_run_logger()
     settings = Settings.with_overrides(
         chunk_size=chunk_size, write_rate_per_second=write_rate_per_second, write_concurrency=write_concurrency,
-        kubeconfig=kubeconfig, context=context,
+        kubeconfig=kubeconfig, context=context, cluster_config_block=cluster,
     )  # fmt: skip
+    # Issue 20: the cluster is the one recorded under its name, before anything is written (a request included).
+    check_cluster_identity(settings)
     handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
-    _label_run(handle)
+    _label_run(handle, settings.cluster_config_block)
     if handle.finished:
         logger.info("%s/%s has already %s: nothing to do", MIGRATIONS_KIND_NAME, handle.name, handle.finished)
         return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=handle.finished,
@@ -331,8 +341,11 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     """Seed 002's worker for one request: check agreement, start, the chunks, the verdict."""
     logger = get_run_logger()
     if settings.shared_write_budget:
+        # Issue 20: one budget per cluster (the environment's keeps its name): clusters never share one.
         budget = ensure_write_rate_limit(
-            settings.rate_limit_name, settings.write_rate_per_second, explicit=explicit_rate
+            budget_limit_name(settings.rate_limit_name, settings.cluster_config_block),
+            settings.write_rate_per_second,
+            explicit=explicit_rate,
         )
     else:
         budget = RateLimitInfo(name=None, writes_per_second=settings.write_rate_per_second,

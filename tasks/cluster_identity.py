@@ -1,9 +1,10 @@
 """The task that says which cluster a run talks to, before it writes anything (issue 20).
 
-The identity (the uid of kube-system, storage_migrator.fleet.identity) is
-recorded the first time a cluster name is used, in the Prefect Variable
-`storage-migrator-cluster-<name>`, and compared at the start of every later run:
-a block whose kubeconfig now points at another cluster fails the run there.
+The identity (the uid of kube-system, storage_migrator.fleet.identity) of a
+named cluster (a KubernetesClusterConfig block) is recorded the first time the
+name is used, in the Prefect Variable `storage-migrator-cluster-<name>`, and
+compared at the start of every later run: a block whose kubeconfig now points
+at another cluster fails the run there.
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ __all__ = ["check_cluster_identity"]
 
 @task(name="check-cluster-identity", **REQUEST_RETRIES, **PRIVATE)
 def check_cluster_identity(settings: Settings) -> ClusterIdentity:
-    """Raises IdentityChanged (not retried) when the cluster is not the one recorded under its name."""
+    """Raises IdentityChanged (not retried) when a named cluster is not the one recorded under its name.
+
+    The environment's cluster (no block named) is read and logged, never judged: each worker's
+    kubeconfig or pod may be another cluster's, as before there were names (one Prefect server
+    for several in-cluster installs)."""
     cluster = settings.cluster_config_block or DEFAULT_CLUSTER
     with connected(settings) as api:
         observed = read_cluster_uid(api, timeout=settings.request_timeout_seconds)
+    if settings.cluster_config_block is None:
+        get_run_logger().info("the environment's cluster is kube-system uid %s", observed)
+        return ClusterIdentity(cluster=cluster, uid=observed)
     variable = identity_variable(cluster)
     saved = Variable.get(variable)
     recorded = str(saved["uid"]) if isinstance(saved, dict) and "uid" in saved else None

@@ -3,8 +3,9 @@
 Design decision: the identity must change when the cluster does, whatever the
 kubeconfig says (a server URL is reused behind a load balancer, a context
 renamed); every cluster has a ``kube-system`` namespace from its first start,
-and its UID is as old as the cluster. Reading it takes ``get`` on that one
-namespace (deployments/rbac, resourceNames).
+and its UID is as old as the cluster. It is read with a metadata-only LIST
+narrowed by a field selector, which the role's `list` on every resource already
+allows: no new permission, and no `get` on anything.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.fleet.names import identity_variable
-from storage_migrator.kube.reading import read_object
+from storage_migrator.kube.errors import NotFound
+from storage_migrator.kube.listing import list_page
 from storage_migrator.kube.resources import ResourceRef
 
 __all__ = [
@@ -63,6 +65,10 @@ def judge_identity(cluster: str, *, recorded: str | None, observed: str) -> tupl
 
 
 def read_cluster_uid(api: ApiClient, *, timeout: float) -> str:
-    """metadata.uid of kube-system (metadata only: one small answer)."""
-    answer = read_object(api, _NAMESPACES, name="kube-system", metadata_only=True, timeout=timeout)
-    return str(answer["metadata"]["uid"])
+    """metadata.uid of kube-system; NotFound when the cluster has none (not a Kubernetes cluster we know)."""
+    page = list_page(api, _NAMESPACES, limit=1, field_selector="metadata.name=kube-system", timeout=timeout)
+    uids = [str(item["metadata"]["uid"]) for item in page.items if item.get("metadata", {}).get("uid")]
+    if not uids:
+        raise NotFound(code=404, reason="NotFound", message='namespaces "kube-system" not found',
+                       what="the cluster's identity (the uid of namespace kube-system)")  # fmt: skip
+    return uids[0]

@@ -65,6 +65,7 @@ def list_page(
     metadata_only: bool = True,
     namespace: str | None = None,
     label_selector: str | None = None,
+    field_selector: str | None = None,
     timeout: float = DEFAULT_TIMEOUT_SECONDS,
 ) -> ListPage:
     """LIST one page of ``ref`` (all namespaces unless ``namespace``).
@@ -79,6 +80,8 @@ def list_page(
         query["continue"] = continue_token
     if label_selector:
         query["labelSelector"] = label_selector
+    if field_selector:
+        query["fieldSelector"] = field_selector
     response = request(
         api_client,
         method="GET",

@@ -1,0 +1,115 @@
+"""A cluster is a named thing (issue 20), against two kubesim clusters, each over its own etcd.
+
+Issue 20: "The cluster's identity is the UID of the kube-system namespace, read at the
+start of every run and recorded. A block whose identity changed (its kubeconfig now points
+at another cluster) fails the run before any write, and the message names both
+identities" and "a run for cluster A can never write to cluster B. Prove it with a test
+that points a block at the wrong cluster." Judged by what cluster B's etcd holds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Kubesim, install_migration_crds
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from prefect.client.orchestration import get_client
+from prefect.variables import Variable
+from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+from kubesim.cluster import Cluster
+from kubesim.etcd import prefix_end
+from storage_migrator.fleet.names import identity_variable
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api", "migration_crds")]
+
+MIGRATIONS = b"/registry/migration.k8s.io/storageversionmigrations/"
+
+
+@pytest.fixture
+def cluster_b(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
+    """A second cluster, with its own etcd and our CRDs, and one ConfigMap to migrate."""
+    with Cluster() as other:
+        kubeconfig = other.write_kubeconfig(tmp_path / "cluster-b.kubeconfig")
+        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+        install_migration_crds(api)
+        k8s.CoreV1Api(api).create_namespaced_config_map(
+            "default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="only-in-b"), data={"k": "v"})
+        )
+        api.close()
+        yield other, Path(kubeconfig)
+
+
+@pytest.fixture
+def block_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """A fresh block name, and no other credentials to fall back on (no kubeconfig, not in a pod)."""
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("STORAGE_MIGRATOR_KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return f"fleet-{uuid.uuid4().hex[:8]}"
+
+
+def kube_system_uid(kubeconfig: str | Path) -> str:
+    with k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
+        return str(k8s.CoreV1Api(api).read_namespace("kube-system").metadata.uid)
+
+
+def stored(cluster: Cluster, prefix: bytes) -> dict[bytes, int]:
+    """key -> mod_revision under `prefix`, read from the cluster's etcd."""
+    etcd = cluster.etcd()
+    try:
+        return {kv.key: kv.mod_revision for kv in etcd.range(prefix, prefix_end(prefix)).kvs}
+    finally:
+        etcd.close()
+
+
+def test_a_block_pointed_at_another_cluster_fails_before_any_write(
+    kubesim: Kubesim, namespace: str, cluster_b: tuple[Cluster, Path], block_only: str
+) -> None:
+    from flows.migrate_resource import migrate_resource
+
+    other, other_kubeconfig = cluster_b
+    uid_a, uid_b = kube_system_uid(kubesim.kubeconfig), kube_system_uid(other_kubeconfig)
+    assert uid_a != uid_b
+    KubernetesClusterConfig.from_file(Path(kubesim.kubeconfig)).save(block_only, overwrite=True)
+
+    first: Any = migrate_resource(resource="configmaps", cluster=block_only, return_state=True)
+
+    assert first.is_completed(), first.message
+    assert Variable.get(identity_variable(block_only)) == {"uid": uid_a}
+    # "the write budget: one global concurrency limit per cluster, its name derived from the cluster"
+    with get_client(sync_client=True) as client:
+        budget = client.read_global_concurrency_limit_by_name(f"storage-migrator-writes-{block_only}")
+    assert budget.slot_decay_per_second > 0
+
+    # The block's kubeconfig now points at cluster B: its identity is not the one recorded.
+    KubernetesClusterConfig.from_file(other_kubeconfig).save(block_only, overwrite=True)
+    before = stored(other, b"/registry/")
+
+    second: Any = migrate_resource(resource="configmaps", cluster=block_only, return_state=True)
+
+    assert second.is_failed()
+    assert uid_a in second.message and uid_b in second.message, second.message
+    assert f"prefect variable delete {identity_variable(block_only)}" in second.message
+    after = stored(other, b"/registry/")
+    assert not [k for k in after if k.startswith(MIGRATIONS)], "no request was created in cluster B"
+    configmaps = b"/registry/configmaps/"
+    assert {k: r for k, r in after.items() if k.startswith(configmaps)} == {
+        k: r for k, r in before.items() if k.startswith(configmaps)
+    }, "no ConfigMap of cluster B was written"
+    assert Variable.get(identity_variable(block_only)) == {"uid": uid_a}, "the record stays cluster A's"
+
+
+def test_the_environments_cluster_is_read_and_never_judged(kubesim: Kubesim, namespace: str) -> None:
+    """No block named: as before names, each worker's kubeconfig may be another cluster's."""
+    from flows.migrate_resource import migrate_resource
+
+    state: Any = migrate_resource(resource="configmaps", kubeconfig=kubesim.kubeconfig, return_state=True)
+
+    assert state.is_completed(), state.message
+    assert Variable.get(identity_variable("default")) is None

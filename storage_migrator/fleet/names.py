@@ -3,14 +3,14 @@
 The cluster of the environment keeps today's names, so a single-cluster install
 upgrades without renaming its budget or its history; a named cluster gets its
 own budget (two clusters migrating at once each get their whole budget) and
-says its name in tags, artifact keys and the Variable recording its identity.
+says its name in run tags and in the Variable recording its identity.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_CLUSTER", "artifact_key", "budget_limit_name", "cluster_tag", "identity_variable"]
+__all__ = ["DEFAULT_CLUSTER", "budget_limit_name", "cluster_tag", "identity_variable"]
 
 #: The name of the cluster of the environment (no block named).
 DEFAULT_CLUSTER = "default"
@@ -36,11 +36,6 @@ def budget_limit_name(base: str, cluster: str | None) -> str:
 def cluster_tag(cluster: str | None) -> str:
     """The run tag that says which cluster a run was for."""
     return f"cluster:{cluster or DEFAULT_CLUSTER}"
-
-
-def artifact_key(base: str, cluster: str | None) -> str:
-    """An artifact key of a cluster: `base` for the default cluster, as before."""
-    return base if cluster in (None, DEFAULT_CLUSTER) else f"{base}-{_slug(cluster)}"
 
 
 def identity_variable(cluster: str) -> str:

@@ -17,7 +17,9 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
   ``/metrics`` (each API server's encryption configuration, issue 19); and a
   Role in ``kube-system`` to list the API servers' identity Leases. They
   are the shipped file's rules but for the ``*`` one; a unit test
-  (tests/unit/operations/test_rbac.py) keeps the two equal, reading the file.
+  (tests/unit/operations/test_rbac.py) keeps the two equal, reading the file;
+- ``list`` on namespaces, which the ``*`` rule covers in the shipped file: the
+  cluster's identity, the uid of ``kube-system`` (issue 20).
 """
 
 from __future__ import annotations
@@ -102,6 +104,9 @@ FIXED_RULES: Final[tuple[PolicyRule, ...]] = (
 #: rule already lists leases everywhere.)
 IDENTITY_LEASE_RULES: Final[tuple[PolicyRule, ...]] = (_rule(["coordination.k8s.io"], ["leases"], ["list"]),)
 IDENTITY_LEASE_NAMESPACE: Final = "kube-system"
+#: Issue 20: which cluster a run talks to is the uid of kube-system, read by a metadata-only LIST of
+#: namespaces narrowed to it (storage_migrator/fleet/identity.py); the shipped role's ``*`` rule has it.
+CLUSTER_IDENTITY_RULES: Final[tuple[PolicyRule, ...]] = (_rule([""], ["namespaces"], ["list"]),)
 
 
 def shipped_rules() -> list[PolicyRule]:
@@ -193,7 +198,7 @@ def build_role(
         targets = [t for t in targets if t[2] != "put"]
     namespace, account = service_account
     role = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRole", "metadata": {"name": name},
-            "rules": [r.to_wire() for r in (*_migrated_rules(targets), *FIXED_RULES)]}  # fmt: skip
+            "rules": [r.to_wire() for r in (*_migrated_rules(targets), *FIXED_RULES, *CLUSTER_IDENTITY_RULES)]}  # fmt: skip
     binding = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRoleBinding", "metadata": {"name": name},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}  # fmt: skip

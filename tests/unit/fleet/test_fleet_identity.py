@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from storage_migrator.fleet.identity import IdentityVerdict, judge_identity
-from storage_migrator.fleet.names import artifact_key, budget_limit_name, cluster_tag, identity_variable
+from storage_migrator.fleet.names import budget_limit_name, cluster_tag, identity_variable
 
 A, B = "6f1c2d3e-0000-4000-8000-00000000000a", "6f1c2d3e-0000-4000-8000-00000000000b"
 
@@ -25,8 +25,6 @@ def test_the_default_cluster_keeps_todays_names_a_named_one_gets_its_own() -> No
     assert budget_limit_name("storage-migrator-writes", None) == "storage-migrator-writes"
     assert budget_limit_name("storage-migrator-writes", "default") == "storage-migrator-writes"
     assert budget_limit_name("storage-migrator-writes", "prod-eu") == "storage-migrator-writes-prod-eu"
-    assert artifact_key("migration-progress", "prod-eu") == "migration-progress-prod-eu"
-    assert artifact_key("migration-progress", None) == "migration-progress"
     assert (cluster_tag(None), cluster_tag("prod-eu")) == ("cluster:default", "cluster:prod-eu")
 
 

@@ -15,6 +15,7 @@ from kubesim.authn import UserInfo
 from kubesim.rbac_authorizer import Attributes, rule_allows
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.operations.rbac import (
+    CLUSTER_IDENTITY_RULES,
     EVERYTHING,
     FIXED_RULES,
     PolicyRule,
@@ -119,7 +120,9 @@ def _rules(built: RoleManifest) -> list[dict[str, Any]]:
     assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}]
     assert leases_binding["roleRef"]["name"] == leases["metadata"]["name"]
     assert leases_binding["subjects"] == binding["subjects"]
-    fixed = [r.to_wire() for r in FIXED_RULES]
+    # Issue 20: the cluster's identity (the uid of kube-system) is read by a LIST of namespaces.
+    fixed = [r.to_wire() for r in (*FIXED_RULES, *CLUSTER_IDENTITY_RULES)]
+    assert fixed[-1] == {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]}
     assert role["rules"][len(role["rules"]) - len(fixed) :] == fixed
     return list(role["rules"][: len(role["rules"]) - len(fixed)])
 

@@ -20,6 +20,7 @@ from storage_migrator.fleet.identity import (
     read_cluster_uid,
 )
 from storage_migrator.fleet.names import DEFAULT_CLUSTER, identity_variable
+from storage_migrator.kube.errors import KubeError
 from storage_migrator.settings import Settings
 from tasks.common import PRIVATE, REQUEST_RETRIES, connected
 
@@ -27,18 +28,24 @@ __all__ = ["check_cluster_identity"]
 
 
 @task(name="check-cluster-identity", **REQUEST_RETRIES, **PRIVATE)
-def check_cluster_identity(settings: Settings) -> ClusterIdentity:
+def check_cluster_identity(settings: Settings) -> ClusterIdentity | None:
     """Raises IdentityChanged (not retried) when a named cluster is not the one recorded under its name.
 
     The environment's cluster (no block named) is read and logged, never judged: each worker's
     kubeconfig or pod may be another cluster's, as before there were names (one Prefect server
-    for several in-cluster installs)."""
-    cluster = settings.cluster_config_block or DEFAULT_CLUSTER
+    for several in-cluster installs); a role that cannot list namespaces only loses the log line."""
+    if settings.cluster_config_block is None:
+        try:
+            with connected(settings) as api:
+                uid = read_cluster_uid(api, timeout=settings.request_timeout_seconds)
+        except KubeError as exc:
+            get_run_logger().warning("the environment's cluster: its identity could not be read (%s)", exc)
+            return None
+        get_run_logger().info("the environment's cluster is kube-system uid %s", uid)
+        return ClusterIdentity(cluster=DEFAULT_CLUSTER, uid=uid)
+    cluster = settings.cluster_config_block
     with connected(settings) as api:
         observed = read_cluster_uid(api, timeout=settings.request_timeout_seconds)
-    if settings.cluster_config_block is None:
-        get_run_logger().info("the environment's cluster is kube-system uid %s", observed)
-        return ClusterIdentity(cluster=cluster, uid=observed)
     variable = identity_variable(cluster)
     saved = Variable.get(variable)
     recorded = str(saved["uid"]) if isinstance(saved, dict) and "uid" in saved else None

@@ -4,8 +4,9 @@ Design decision: the identity must change when the cluster does, whatever the
 kubeconfig says (a server URL is reused behind a load balancer, a context
 renamed); every cluster has a ``kube-system`` namespace from its first start,
 and its UID is as old as the cluster. It is read with a metadata-only LIST
-narrowed by a field selector, which the role's `list` on every resource already
-allows: no new permission, and no `get` on anything.
+narrowed by a field selector (kube-apiserver then authorizes it as a LIST of
+that one name): the shipped role's `list` on every resource allows it, the
+narrow role of `storage-migrator rbac` grants it, and no `get` is needed.
 """
 
 from __future__ import annotations

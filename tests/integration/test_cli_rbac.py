@@ -20,7 +20,7 @@ import yaml
 from conftest import Kubectl
 
 from storage_migrator.cli import main
-from storage_migrator.operations.rbac import FIXED_RULES
+from storage_migrator.operations.rbac import CLUSTER_IDENTITY_RULES, FIXED_RULES
 
 CLI = str(Path(sys.executable).with_name("storage-migrator"))
 
@@ -59,7 +59,7 @@ def test_the_role_for_a_key_rotation_pipes_into_kubectl_apply(
         role = json.loads(kubectl("get", f"clusterroles.rbac.authorization.k8s.io/{name}", "-o", "json").stdout)
         assert role["rules"] == [
             {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["list", "patch"]},
-            *(r.to_wire() for r in FIXED_RULES),
+            *(r.to_wire() for r in (*FIXED_RULES, *CLUSTER_IDENTITY_RULES)),
         ]
     finally:
         kubectl("delete", f"clusterroles.rbac.authorization.k8s.io/{name}",

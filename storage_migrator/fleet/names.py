@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_CLUSTER", "budget_limit_name", "cluster_tag", "identity_variable"]
+__all__ = ["DEFAULT_CLUSTER", "budget_limit_name", "cluster_tag", "deployment_name", "identity_variable"]
 
 #: The name of the cluster of the environment (no block named).
 DEFAULT_CLUSTER = "default"
@@ -41,3 +41,8 @@ def cluster_tag(cluster: str | None) -> str:
 def identity_variable(cluster: str) -> str:
     """The Prefect Variable recording a cluster's identity (the uid of kube-system)."""
     return f"storage-migrator-cluster-{_slug(cluster)}"
+
+
+def deployment_name(flow: str, cluster: str | None) -> str:
+    """`flow/flow` for the default cluster (prefect.yaml's), `flow/<cluster>` for a named one."""
+    return f"{flow}/{flow}" if cluster in (None, DEFAULT_CLUSTER) else f"{flow}/{_slug(cluster)}"

@@ -34,18 +34,18 @@ def check_cluster_identity(settings: Settings) -> ClusterIdentity | None:
     The environment's cluster (no block named) is read and logged, never judged: each worker's
     kubeconfig or pod may be another cluster's, as before there were names (one Prefect server
     for several in-cluster installs); a role that cannot list namespaces only loses the log line."""
-    if settings.cluster_config_block is None:
-        try:
-            with connected(settings) as api:
-                uid = read_cluster_uid(api, timeout=settings.request_timeout_seconds)
-        except KubeError as exc:
-            get_run_logger().warning("the environment's cluster: its identity could not be read (%s)", exc)
-            return None
-        get_run_logger().info("the environment's cluster is kube-system uid %s", uid)
-        return ClusterIdentity(cluster=DEFAULT_CLUSTER, uid=uid)
     cluster = settings.cluster_config_block
-    with connected(settings) as api:
-        observed = read_cluster_uid(api, timeout=settings.request_timeout_seconds)
+    try:
+        with connected(settings) as api:
+            observed = read_cluster_uid(api, timeout=settings.request_timeout_seconds)
+    except KubeError as exc:
+        if cluster is not None:
+            raise  # a named cluster must prove it is the one recorded
+        get_run_logger().warning("the environment's cluster: its identity could not be read (%s)", exc)
+        return None
+    if cluster is None:
+        get_run_logger().info("the environment's cluster is kube-system uid %s", observed)
+        return ClusterIdentity(cluster=DEFAULT_CLUSTER, uid=observed)
     variable = identity_variable(cluster)
     saved = Variable.get(variable)
     recorded = str(saved["uid"]) if isinstance(saved, dict) and "uid" in saved else None

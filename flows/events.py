@@ -2,8 +2,9 @@
 
 Every event is named `storage-migrator.<what>.<happened>`, concerns one of our
 objects (`storage-migrator.storageversionmigration.<name>`,
-`storage-migrator.storagestate.<name>`) and carries names, hashes and counters
-only: never anything read from a migrated object (DESIGN 8). docs/observability.md ("Events")
+`storage-migrator.storagestate.<name>`; `...<cluster>.<name>` for a named
+cluster, issue 20) with the label `storage-migrator.cluster`, and carries names,
+hashes and counters only: never anything read from a migrated object (DESIGN 8). docs/observability.md ("Events")
 lists them with their payload keys; Prefect automations match on these names.
 
 Delivery (issue 12, item 5). `emit_event` only queues: a background worker
@@ -34,6 +35,7 @@ from prefect.events.filters import EventFilter, EventIDFilter
 from prefect.settings import PREFECT_API_URL
 
 from storage_migrator.detection.changes import HashChanged, MigrationRequested, PollChanges, StateRefined
+from storage_migrator.fleet.names import DEFAULT_CLUSTER
 from storage_migrator.models import MigrationProgress, ObjectFailure
 
 PREFIX: Final = "storage-migrator"
@@ -46,20 +48,29 @@ STATE_REFINED: Final = f"{PREFIX}.state.refined"
 DELIVERY_TIMEOUT_SECONDS: Final = 30.0
 
 _emitted: ContextVar[list[Event] | None] = ContextVar("storage_migrator_emitted_events", default=None)
+#: The cluster the run is for (flows/cluster_scope.py sets it): every event says it.
+CLUSTER: ContextVar[str] = ContextVar("storage_migrator_cluster", default=DEFAULT_CLUSTER)
+
+
+def _our_object(kind: str, name: str) -> str:
+    """A resource id per cluster: two clusters' requests may share a name (the default keeps today's ids)."""
+    cluster = CLUSTER.get()
+    return f"{kind}.{name}" if cluster == DEFAULT_CLUSTER else f"{kind}.{cluster}.{name}"
 
 
 def migration_resource_id(name: str) -> str:
-    return f"{PREFIX}.storageversionmigration.{name}"
+    return _our_object(f"{PREFIX}.storageversionmigration", name)
 
 
 def state_resource_id(name: str) -> str:
-    return f"{PREFIX}.storagestate.{name}"
+    return _our_object(f"{PREFIX}.storagestate", name)
 
 
 def emit(event: str, *, resource: Mapping[str, str], payload: Mapping[str, Any],
          related: list[dict[str, str]] | None = None) -> None:  # fmt: skip
     """`emit_event`, remembered for the delivery check of the enclosing flow."""
-    sent = emit_event(event=event, resource=dict(resource), payload=dict(payload), related=related)
+    labelled = {**resource, f"{PREFIX}.cluster": CLUSTER.get()}
+    sent = emit_event(event=event, resource=labelled, payload=dict(payload), related=related)
     pending = _emitted.get()
     if sent is not None and pending is not None:
         pending.append(sent)

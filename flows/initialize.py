@@ -30,21 +30,19 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.client.schemas.objects import State
-from prefect.deployments import run_deployment
 from prefect.runtime import deployment
 from prefect.states import Failed
 from pydantic import BaseModel, Field
 
+from flows.cluster_scope import cluster_settings, entered_cluster, run_for_cluster
 from flows.events import delivered_events
 from flows.polling import PollSummary, carry_out, look
 from flows.run_logs import our_logs_in_the_run
 from flows.run_migrations import run_migrations
 from storage_migrator.detection.actions import INITIALIZE_REQUESTER
 from storage_migrator.detection.initializer import InitPlan, SkippedResource, plan_initialization
-from storage_migrator.settings import Settings
+from storage_migrator.fleet.names import scoped_key
 from tasks.dispatching import read_apiservices
-
-RUN_MIGRATIONS_DEPLOYMENT = "run-migrations/run-migrations"
 
 
 class InitializeSummary(BaseModel):
@@ -62,27 +60,29 @@ def initialize(
     exclude: list[str] | None = None,
     kubeconfig: str | None = None,
     context: str | None = None,
+    cluster: str | None = None,
 ) -> InitializeSummary | State[Any]:
     """A detection poll over every selected resource that requests what it must, then runs it.
 
     `include` / `exclude` override STORAGE_MIGRATOR_INCLUDE_RESOURCES / _EXCLUDE_RESOURCES
-    for this run only: the scheduled polls follow the settings."""
-    settings = Settings.with_overrides(include_resources=include, exclude_resources=exclude,
-                                       kubeconfig=kubeconfig, context=context)  # fmt: skip
+    for this run only: the scheduled polls follow the settings. `cluster` names a
+    KubernetesClusterConfig block (issue 20; left out: the environment's cluster)."""
+    settings = cluster_settings(cluster, include_resources=include, exclude_resources=exclude,
+                                kubeconfig=kubeconfig, context=context)  # fmt: skip
     # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
-    with delivered_events(), our_logs_in_the_run():
+    with delivered_events(), our_logs_in_the_run(), entered_cluster(settings):
         began, clock = datetime.now(UTC), time.monotonic()
         seen = look(settings)
         first = plan_initialization(seen, settings=settings, apiservices=read_apiservices(settings),
                                     now=datetime.now(UTC))  # fmt: skip
         # The detection poll's apply: each StorageState is written before its request (seed 000).
         polled = carry_out(settings, seen, first.plan, began=began, clock=clock, requested_by=INITIALIZE_REQUESTER)
-        created = _report(first, polled)
+        created = _report(first, polled, cluster)
         if start_migrations and polled.runnable:
             if deployment.id is not None:
-                run_deployment(RUN_MIGRATIONS_DEPLOYMENT, timeout=0, as_subflow=False)
+                run_for_cluster("run-migrations", cluster, {}, timeout=0, as_subflow=False)
             else:
-                run_migrations(kubeconfig=kubeconfig, context=context)
+                run_migrations(kubeconfig=kubeconfig, context=context, cluster=cluster)
     if polled.applied.denied:
         # Issue 14: a permission RBAC denies is no race a later run wins: fail, naming it and the fix.
         return Failed(message="; ".join(polled.applied.denied))
@@ -93,7 +93,7 @@ def initialize(
     return InitializeSummary(created=created, skipped=first.skipped, poll=polled)
 
 
-def _report(first: InitPlan, polled: PollSummary) -> list[str]:
+def _report(first: InitPlan, polled: PollSummary, cluster: str | None) -> list[str]:
     """Log and tabulate, per group-resource, what was requested or why not; the names requested."""
     logger = get_run_logger()
     names = {r.group_resource: r.migration for r in polled.applied.changes.requested}
@@ -113,5 +113,7 @@ def _report(first: InitPlan, polled: PollSummary) -> list[str]:
         logger.error("not seen: %s", missed)
         rows.append({"resource": missed.split(":", 1)[0], "version": "", "origin": "",
                      "decision": f"unreachable: {missed}"})  # fmt: skip
-    create_table_artifact(table=rows, key="initialize", description="What initialize requested, and why not")
+    create_table_artifact(
+        table=rows, key=scoped_key("initialize", cluster), description="What initialize requested, and why not"
+    )
     return created

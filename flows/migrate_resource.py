@@ -26,7 +26,6 @@ common configuration makes a new pass.
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, cast
@@ -42,6 +41,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed
 from pydantic import BaseModel, Field
 
+from flows.cluster_scope import cluster_settings, entered_cluster
 from flows.events import delivered_events, emit_migration
 from flows.run_logs import our_logs_in_the_run
 from flows.server_config_gate import GateOutcome, check_configs, wait_for_one_config
@@ -51,7 +51,7 @@ from storage_migrator.agreement.storage_versions import (
     StorageVersionObservation,
     decide_agreement,
 )
-from storage_migrator.fleet.names import budget_limit_name, cluster_tag
+from storage_migrator.fleet.names import budget_limit_name, scoped_key
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
@@ -63,7 +63,6 @@ from storage_migrator.models import (
     ObjectFailure,
 )
 from storage_migrator.settings import Settings
-from tasks.cluster_identity import check_cluster_identity
 from tasks.migrating import (
     MigrationHandle,
     check_agreement,
@@ -108,21 +107,23 @@ def _run_name() -> str:
     return f"migrate-{params.get('resource')}{group}{version}"
 
 
-def _artifact_key(name: str) -> str:
-    return re.sub(r"[^a-z0-9-]+", "-", f"migration-{name}".lower()).strip("-")[:100]
+def _artifact_key(name: str, cluster: str | None) -> str:
+    return scoped_key(f"migration-{name}", cluster)
 
 
 def _label_run(handle: MigrationHandle, cluster: str | None) -> None:
-    """`migrate-secrets-v1-1a2b3c4d`, tagged with the resource and the cluster, for the Prefect UI."""
+    """`migrate-secrets-v1-1a2b3c4d` (`<cluster>:migrate-...` for a named cluster), tagged with
+    the resource and the request, for the Prefect UI (entered_cluster tagged the cluster)."""
     run_id = flow_run.id
     if run_id is None:
         return
     name = f"migrate-{handle.resource}{'-' + handle.group if handle.group else ''}-{handle.version}-{handle.uid[:8]}"
+    if cluster is not None:
+        name = f"{cluster}:{name}"
     try:
         with get_client(sync_client=True) as client:
             current = client.read_flow_run(run_id)
-            tags = sorted({*(current.tags or []), f"resource:{handle.group_resource}", f"migration:{handle.name}",
-                           cluster_tag(cluster)})  # fmt: skip
+            tags = sorted({*(current.tags or []), f"resource:{handle.group_resource}", f"migration:{handle.name}"})
             client.update_flow_run(run_id, name=name, tags=tags)
     except Exception as exc:  # noqa: BLE001 - a label is not worth failing a migration
         get_run_logger().warning("could not rename the flow run: %s", exc)
@@ -141,11 +142,11 @@ def _percent(progress: MigrationProgress) -> float:
     return 100.0 * progress.listed / total if total else 100.0
 
 
-def _outcome_table(handle: MigrationHandle, progress: MigrationProgress, phase: str) -> None:
+def _outcome_table(settings: Settings, handle: MigrationHandle, progress: MigrationProgress, phase: str) -> None:
     counts = progress.model_dump(exclude={"remaining_item_count"})
     create_table_artifact(
         table=[{"outcome": k, "objects": v} for k, v in counts.items()],
-        key=_artifact_key(f"{handle.name}-outcome"),
+        key=_artifact_key(f"{handle.name}-outcome", settings.cluster_config_block),
         description=f"{handle.ref}: {phase}",
     )
 
@@ -154,7 +155,7 @@ def _fail(settings: Settings, handle: MigrationHandle, rec: RunRecorder, progres
           reason: str, message: str, passes: int = 1, failures: list[ObjectFailure] | None = None) -> State[Any]:  # fmt: skip
     finish_migration(settings, handle, succeeded=False, reason=reason, message=message)
     rec.ended("failed", progress, reason=reason, message=message, passes=passes)
-    _outcome_table(handle, progress, "Failed")
+    _outcome_table(settings, handle, progress, "Failed")
     _emit("failed", handle, progress, message, failures or [])
     return Failed(message=f"{handle.name}: {message}")
 
@@ -293,13 +294,20 @@ def _migrate(
     cluster: str | None,
 ) -> MigrationSummary | State[Any]:
     """The run itself (see the module docstring)."""
-    logger = get_run_logger()
-    settings = Settings.with_overrides(
-        chunk_size=chunk_size, write_rate_per_second=write_rate_per_second, write_concurrency=write_concurrency,
-        kubeconfig=kubeconfig, context=context, cluster_config_block=cluster,
+    settings = cluster_settings(
+        cluster, chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
+        write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context,
     )  # fmt: skip
     # Issue 20: the cluster is the one recorded under its name, before anything is written (a request included).
-    check_cluster_identity(settings)
+    with entered_cluster(settings):
+        return _resolve_and_run(settings, resource=resource, group=group, version=version, migration=migration,
+                                explicit_rate=write_rate_per_second is not None)  # fmt: skip
+
+
+def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, version: str | None,
+                     migration: str | None, explicit_rate: bool) -> MigrationSummary | State[Any]:  # fmt: skip
+    """The request resolved (or created), the run labelled and recorded, then `_run`."""
+    logger = get_run_logger()
     handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
     _label_run(handle, settings.cluster_config_block)
     if handle.finished:
@@ -314,7 +322,7 @@ def _migrate(
         flow_run_id=str(flow_run.id) if flow_run.id else None,
     )  # fmt: skip
     try:
-        return _run(settings, handle, rec, explicit_rate=write_rate_per_second is not None)
+        return _run(settings, handle, rec, explicit_rate=explicit_rate)
     except BaseException as exc:
         rec.ended("crashed", rec.progress, reason=type(exc).__name__,
                   message="the run stopped on an error: see the flow run's logs")  # fmt: skip
@@ -375,7 +383,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     _emit("started", handle, start.progress)
     logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip
-    artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name),
+    artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name, settings.cluster_config_block),
                                                    description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token,
                  config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
@@ -409,7 +417,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
                     f"; key {handle.encryption_key}, the API servers' check OVERRIDDEN")  # fmt: skip
     finish_migration(settings, handle, succeeded=True, reason="Completed", message=message)
     rec.ended("succeeded", progress, reason="Completed", message=message, passes=run.passes)
-    _outcome_table(handle, progress, "Succeeded")
+    _outcome_table(settings, handle, progress, "Succeeded")
     _emit("succeeded", handle, progress, message)
     logger.info("%s succeeded: %s", handle.name, message)
     return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=CONDITION_SUCCEEDED,

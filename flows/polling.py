@@ -24,6 +24,7 @@ from storage_migrator.detection.observation import Observations
 from storage_migrator.detection.planner import DETECTION_LABEL_VALUE, DeleteMigration, DetectionPlan
 from storage_migrator.detection.poll import plan_poll
 from storage_migrator.detection.tracking import select_resources
+from storage_migrator.fleet.names import scoped_key
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import PollRecord
@@ -98,7 +99,11 @@ def carry_out(
     emit_poll_changes(applied.changes)
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
     if rows:
-        create_table_artifact(table=rows, key="detect-storage-changes", description="What this poll changed")
+        create_table_artifact(
+            table=rows,
+            key=scoped_key("detect-storage-changes", settings.cluster_config_block),
+            description="What this poll changed",
+        )
     deleted = {a.name for a in plan.of_kind(DeleteMigration)}
     kept = [m for m in seen.migrations if m.metadata.name not in deleted]
     startable = plan_dispatch(kept, now=datetime.now(UTC), max_parallel=settings.max_parallel_migrations,

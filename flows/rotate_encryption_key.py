@@ -27,13 +27,19 @@ ran under the configuration every server runs at the verdict, which it names.
 `skip_server_check=True` is the operator's explicit override: a warning in the
 log, `overridden` in the ledger, and the verdict says so.
 
+Issue 20: `cluster` names the KubernetesClusterConfig block of the cluster to
+rotate (left out: the environment's). `clusters` rotates several: one run per
+cluster (flows/fleet_runs.py), `max_parallel_clusters` at once, each with its
+own verdict; the run ends with a table of them and is Completed only when
+every cluster's is (storage_migrator/fleet/verdicts.py).
+
     prefect deployment run 'rotate-encryption-key/rotate-encryption-key' -p key=key2
+    prefect deployment run 'rotate-encryption-key/rotate-encryption-key' -p key=key2 --param clusters='["a","b"]'
     rotate_encryption_key(key="key2", resources=["secrets", "routes.route.openshift.io"])
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Final
 
 from prefect import flow, get_run_logger
@@ -43,9 +49,15 @@ from prefect.runtime import deployment
 from prefect.states import Failed
 from pydantic import BaseModel, Field
 
+from flows.cluster_scope import cluster_settings, entered_cluster
+from flows.events import delivered_events
+from flows.fleet_runs import run_per_cluster
+from flows.run_logs import our_logs_in_the_run
 from flows.run_migrations import dispatch_requests, run_overrides
 from flows.server_config_gate import show_configs, wait_for_one_config
 from storage_migrator.conditions import is_condition_true
+from storage_migrator.fleet.names import scoped_key
+from storage_migrator.fleet.verdicts import fleet_verdict
 from storage_migrator.migration.targets import MigrationTarget
 from storage_migrator.models import CONDITION_SUCCEEDED
 from storage_migrator.rotation.decisions import (
@@ -67,13 +79,17 @@ from tasks.dispatching import create_named_requests, read_migrations, resolve_ta
 from tasks.server_configs import observe_configs
 
 DEFAULT_RESOURCES: Final = ("secrets", "configmaps")
+#: Clusters rotated at once by a fleet rotation, unless `max_parallel_clusters` says otherwise.
+DEFAULT_PARALLEL_CLUSTERS: Final = 4
 
 
 class RotationSummary(BaseModel):
-    """The flow's return value: per resource, counters and the proof (names and counters only)."""
+    """The flow's return value: per resource, counters and the proof (names and counters only);
+    for a fleet rotation, one row per cluster instead."""
 
     key: str
     resources: list[ResourceRotation] = Field(default_factory=list)
+    clusters: list[dict[str, str]] = Field(default_factory=list, description="A fleet rotation's verdict per cluster.")
     message: str = ""
 
 
@@ -116,18 +132,56 @@ def rotate_encryption_key(
     context: str | None = None,
     server_config_timeout: float | None = None,
     skip_server_check: bool = False,
+    cluster: str | None = None,
+    clusters: list[str] | None = None,
+    max_parallel_clusters: int = DEFAULT_PARALLEL_CLUSTERS,
 ) -> RotationSummary | State[Any]:
     """Migrate `resources` (default secrets and configmaps; `deployments.apps` form for
     others) to the write key `key` (its name as in the EncryptionConfiguration, recorded
     in the requests) and verify. Make `key` the write key on every API server first: the
     run waits up to `server_config_timeout` seconds for every server to report one
-    configuration. `skip_server_check` goes on without that: the operator's risk."""
-    logger = get_run_logger()
+    configuration. `skip_server_check` goes on without that: the operator's risk.
+    `cluster` names the cluster's KubernetesClusterConfig block; `clusters` rotates each of
+    them (`default`: the environment's), `max_parallel_clusters` at once."""
     check_key_name(key)  # a key that cannot be in a name: nothing created
     overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                               write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
-    settings = Settings.with_overrides(max_parallel_migrations=max_parallel,
-                                       server_config_timeout_seconds=server_config_timeout, **overrides)  # fmt: skip
+    if clusters:
+        if cluster is not None:
+            raise ValueError("give either cluster (one) or clusters (a fleet rotation), not both")
+        return _rotate_fleet(key, clusters, limit=max_parallel_clusters, parameters={
+            "key": key, "resources": resources, "max_parallel": max_parallel,
+            "server_config_timeout": server_config_timeout, "skip_server_check": skip_server_check, **overrides})  # fmt: skip
+    settings = cluster_settings(cluster, max_parallel_migrations=max_parallel,
+                                server_config_timeout_seconds=server_config_timeout, **overrides)  # fmt: skip
+    with delivered_events(), our_logs_in_the_run(), entered_cluster(settings):
+        return _rotate(settings, overrides, key=key, resources=resources, skip_server_check=skip_server_check)
+
+
+def _rotate_fleet(
+    key: str, clusters: list[str], *, limit: int, parameters: dict[str, Any]
+) -> RotationSummary | State[Any]:
+    """One rotation per cluster, side by side; a verdict per cluster and one table of them."""
+    if limit < 1:
+        raise ValueError(f"max_parallel_clusters must be at least 1, not {limit}")
+    outcomes = run_per_cluster(rotate_encryption_key, clusters, parameters, limit=limit)
+    verdict = fleet_verdict(f"rotation to key {key}", outcomes)
+    create_table_artifact(table=verdict.rows, key=scoped_key(f"rotate-encryption-key-{key}-fleet", None),
+                          description=verdict.message)  # fmt: skip
+    logger = get_run_logger()
+    for row in verdict.rows:
+        logger.info("cluster %s: %s %s", row["cluster"], row["verdict"], row["message"])
+    if not verdict.completed:
+        logger.error("%s", verdict.message)
+        return Failed(message=verdict.message + ". Do not remove the old key from those clusters yet.")
+    logger.info("%s", verdict.message)
+    return RotationSummary(key=key, clusters=verdict.rows, message=verdict.message)
+
+
+def _rotate(settings: Settings, overrides: dict[str, Any], *, key: str, resources: list[str] | None,
+            skip_server_check: bool) -> RotationSummary | State[Any]:  # fmt: skip
+    """One cluster's rotation (the module docstring)."""
+    logger = get_run_logger()
     wanted = list(DEFAULT_RESOURCES if resources is None else resources)
     targets: dict[str, MigrationTarget] = {}
     for target in resolve_targets(settings, wanted):  # UnknownResource fails the run, nothing created
@@ -171,7 +225,7 @@ def rotate_encryption_key(
         for s in steps
     ]  # fmt: skip
     verdict = rotation_verdict(results, key=key, servers=servers)
-    create_table_artifact(table=_table(results), key=re.sub(r"[^a-z0-9-]+", "-", f"rotate-encryption-key-{key}"),
+    create_table_artifact(table=_table(results), key=scoped_key(f"rotate-encryption-key-{key}", settings.cluster_config_block),
                           description=verdict.message)  # fmt: skip
     if not verdict.completed:
         logger.error("%s", verdict.message)

@@ -35,15 +35,16 @@ from prefect.states import Failed
 from prefect.variables import Variable
 from pydantic import BaseModel, Field
 
+from flows.cluster_scope import cluster_settings, entered_cluster
 from flows.rotate_encryption_key import DEFAULT_RESOURCES, rotate_encryption_key
 from flows.server_config_gate import show_configs
 from storage_migrator.rotation.decisions import check_key_name
 from storage_migrator.rotation.runbook import (
-    ACTIVE_NAME,
     OPERATOR_PHASES,
     ActiveRunbook,
     PhaseCheck,
     RunbookRecord,
+    active_name,
     blocking_runbook,
     instructions,
     next_phase,
@@ -71,22 +72,22 @@ class RunbookSummary(BaseModel):
     message: str
 
 
-def _load(key: str, old_key: str, resources: list[str]) -> RunbookRecord:
-    saved = Variable.get(record_name(key))
+def _load(key: str, old_key: str, resources: list[str], cluster: str | None) -> RunbookRecord:
+    saved = Variable.get(record_name(key, cluster))
     if isinstance(saved, dict):
         record = RunbookRecord.model_validate(saved)
         if record.old_key != old_key or record.resources != resources:
             raise ValueError(
                 f"a runbook for key {key} is recorded with old key {record.old_key} and resources "
-                f"{record.resources} (Prefect Variable {record_name(key)}); run it with those, or delete the "
+                f"{record.resources} (Prefect Variable {record_name(key, cluster)}); run it with those, or delete the "
                 "variable to start over"
             )
         return record
     return RunbookRecord(key=key, old_key=old_key, resources=resources)
 
 
-def _save(record: RunbookRecord) -> None:
-    Variable.set(record_name(record.key), record.model_dump(mode="json"), overwrite=True)
+def _save(record: RunbookRecord, cluster: str | None) -> None:
+    Variable.set(record_name(record.key, cluster), record.model_dump(mode="json"), overwrite=True)
 
 
 def _this_run() -> str:
@@ -96,14 +97,15 @@ def _this_run() -> str:
     return str(context.flow_run.id)
 
 
-def _claim(key: str) -> str | None:
-    """Hold ACTIVE_NAME for this run; why not, if another live runbook run holds it.
+def _claim(key: str, cluster: str | None) -> str | None:
+    """Hold the cluster's claim (`active_name`) for this run; why not, if another live runbook run holds it.
 
     Best effort: a Variable has no compare-and-set, so two runs started in the same
     instant can both pass. Not a deployment concurrency limit: Prefect releases that
     slot when the run pauses, then crashes the paused run (docs/key-rotation.md)."""
     me = _this_run()
-    held = Variable.get(ACTIVE_NAME)
+    variable = active_name(cluster)
+    held = Variable.get(variable)
     active = ActiveRunbook.model_validate(held) if isinstance(held, dict) else None
     state, final = None, False
     if active is not None and active.run_id != me:
@@ -114,16 +116,16 @@ def _claim(key: str) -> str | None:
                 holder = None
         if holder is not None:
             state, final = holder.name, holder.is_final()
-    why = blocking_runbook(active, me=me, holder_state=state, holder_final=final)
+    why = blocking_runbook(active, me=me, holder_state=state, holder_final=final, variable=variable)
     if why is None:
-        Variable.set(ACTIVE_NAME, ActiveRunbook(run_id=me, key=key).model_dump(), overwrite=True)
+        Variable.set(variable, ActiveRunbook(run_id=me, key=key).model_dump(), overwrite=True)
     return why
 
 
-def _release() -> None:
-    held = Variable.get(ACTIVE_NAME)
+def _release(cluster: str | None) -> None:
+    held = Variable.get(active_name(cluster))
     if isinstance(held, dict) and held.get("run_id") == _this_run():
-        Variable.unset(ACTIVE_NAME)
+        Variable.unset(active_name(cluster))
 
 
 def _wait_reached(settings: Settings, baseline: str | None, seconds: float) -> PhaseCheck:
@@ -142,7 +144,7 @@ def _operator_phase(settings: Settings, record: RunbookRecord, *, pause_timeout:
     phase = record.phase
     if record.baseline is None:  # when the phase begins; a resumed run keeps it
         record.baseline = observe_configs(settings).common_hash
-        _save(record)
+        _save(record, settings.cluster_config_block)
     not_yet = ""
     while True:
         form = PhaseDone.with_initial_data(description=instructions(phase, record, not_yet=not_yet))
@@ -194,7 +196,7 @@ def _run_phases(
                 return failed
             record.reached[phase] = observe_configs(settings).common_hash or ""
         record.phase, record.baseline = next_phase(phase), None
-        _save(record)
+        _save(record, settings.cluster_config_block)
         logger.info("phase %s done; next: %s", phase, record.phase)
     return None
 
@@ -214,30 +216,33 @@ def key_rotation_runbook(
     max_parallel: int | None = None,
     kubeconfig: str | None = None,
     context: str | None = None,
+    cluster: str | None = None,
 ) -> RunbookSummary | State[Any]:
     """Rotate from `old_key` to `key` (their names in the EncryptionConfiguration) on every
     API server, pausing for each change a person makes; `pause_timeout` seconds per pause,
-    `settle_seconds` for every server to show a change after "done"."""
+    `settle_seconds` for every server to show a change after "done". `cluster` names the
+    cluster's KubernetesClusterConfig block (issue 20; each cluster has its own runbook record and claim)."""
     logger = get_run_logger()
     check_key_name(key)
-    record = _load(key, old_key, list(DEFAULT_RESOURCES if resources is None else resources))
-    settings = Settings.with_overrides(kubeconfig=kubeconfig, context=context,
-                                       server_config_timeout_seconds=server_config_timeout)  # fmt: skip
-    busy = _claim(key)
-    if busy is not None:
-        return Failed(message=busy)
-    try:
-        logger.info("key rotation %s -> %s: at phase %s", old_key, key, record.phase)
-        failed = _run_phases(settings, record, pause_timeout=pause_timeout, settle_seconds=settle_seconds,
-                             reencrypt={"chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
-                                        "max_parallel": max_parallel, "write_concurrency": write_concurrency,
-                                        "kubeconfig": kubeconfig, "context": context,
-                                        "server_config_timeout": server_config_timeout})  # fmt: skip
-    finally:
-        _release()
-    if failed is not None:
-        return failed
-    message = (f"key rotation {old_key} -> {key} done: every object of {', '.join(record.resources)} is stored "
-               f"under {key}, {old_key} is gone from every API server, and every object reads through each.")  # fmt: skip
-    logger.info("%s", message)
-    return RunbookSummary(key=key, reached=record.reached, message=message)
+    record = _load(key, old_key, list(DEFAULT_RESOURCES if resources is None else resources), cluster)
+    settings = cluster_settings(cluster, kubeconfig=kubeconfig, context=context,
+                                server_config_timeout_seconds=server_config_timeout)  # fmt: skip
+    with entered_cluster(settings):  # issue 20: the cluster is the one its name recorded
+        busy = _claim(key, settings.cluster_config_block)
+        if busy is not None:
+            return Failed(message=busy)
+        try:
+            logger.info("key rotation %s -> %s: at phase %s", old_key, key, record.phase)
+            failed = _run_phases(settings, record, pause_timeout=pause_timeout, settle_seconds=settle_seconds,
+                                 reencrypt={"chunk_size": chunk_size, "write_rate_per_second": write_rate_per_second,
+                                            "max_parallel": max_parallel, "write_concurrency": write_concurrency,
+                                            "kubeconfig": kubeconfig, "context": context, "cluster": cluster,
+                                            "server_config_timeout": server_config_timeout})  # fmt: skip
+        finally:
+            _release(settings.cluster_config_block)
+        if failed is not None:
+            return failed
+        message = (f"key rotation {old_key} -> {key} done: every object of {', '.join(record.resources)} is stored "
+                   f"under {key}, {old_key} is gone from every API server, and every object reads through each.")  # fmt: skip
+        logger.info("%s", message)
+        return RunbookSummary(key=key, reached=record.reached, message=message)

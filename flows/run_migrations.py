@@ -34,7 +34,7 @@ from collections.abc import Collection
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_run_logger
@@ -47,16 +47,17 @@ from prefect.client.schemas.filters import (
     FlowRunFilterTags,
 )
 from prefect.client.schemas.objects import FlowRun, StateType
-from prefect.deployments import run_deployment
 from prefect.runtime import deployment
 from prefect.states import Crashed
 from pydantic import BaseModel, Field
 
+from flows.cluster_scope import cluster_settings, entered_cluster, run_for_cluster
 from flows.events import delivered_events
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
 from flows.run_logs import our_logs_in_the_run
 from storage_migrator.conditions import is_condition_true
+from storage_migrator.fleet.names import cluster_tag, scoped_key
 from storage_migrator.migration.dispatch import (
     RUNNING_ELSEWHERE,
     DispatchPlan,
@@ -68,8 +69,6 @@ from storage_migrator.migration.dispatch import (
 from storage_migrator.models import CONDITION_RUNNING, MIGRATIONS_KIND_NAME, StorageVersionMigration
 from storage_migrator.settings import Settings
 from tasks.dispatching import read_migrations
-
-MIGRATE_DEPLOYMENT = "migrate-resource/migrate-resource"
 
 
 class DispatchSummary(BaseModel):
@@ -91,12 +90,13 @@ class _Child:
     flow_run: UUID | None = None
 
 
-def _run_one(child: _Child, overrides: dict[str, Any], deployed: bool, poll_seconds: float) -> str:
-    """Run one migration to its end; the name of its final state."""
+def _run_one(child: _Child, overrides: dict[str, Any], cluster: str | None, deployed: bool,
+             poll_seconds: float) -> str:  # fmt: skip
+    """Run one migration to its end, on the cluster's migrate-resource deployment; the name of its final state."""
     if not deployed:
-        return str(migrate_resource(migration=child.name, return_state=True, **overrides).name)
-    run = cast(FlowRun, run_deployment(MIGRATE_DEPLOYMENT, parameters={"migration": child.name, **overrides},
-                                       timeout=0, as_subflow=True))  # fmt: skip
+        return str(migrate_resource(migration=child.name, cluster=cluster, return_state=True, **overrides).name)
+    run = run_for_cluster("migrate-resource", cluster, {"migration": child.name, **overrides}, timeout=0,
+                          as_subflow=True)  # fmt: skip
     child.flow_run = run.id
     while True:  # what run_deployment(timeout=None) does, but the dispatcher may end it (_reap)
         with get_client(sync_client=True) as client:
@@ -157,15 +157,16 @@ def _reap(children: list[_Child], migrations: list[StorageVersionMigration], lea
         return []
 
 
-def _crash_orphans(migration: StorageVersionMigration, lease_seconds: float) -> None:
-    """Before resuming a request someone else started: its dead runs (tag `migration:<name>`) marked Crashed."""
+def _crash_orphans(migration: StorageVersionMigration, lease_seconds: float, cluster: str | None) -> None:
+    """Before resuming a request someone else started: its dead runs (tags `migration:<name>` and
+    `cluster:<cluster>`: two clusters' requests may share a name) marked Crashed."""
     name = migration.metadata.name or ""
     if not is_condition_true(migration.status.conditions, CONDITION_RUNNING):
         return
     try:
         with get_client(sync_client=True) as client:
             runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[f"migration:{name}"]),
+                tags=FlowRunFilterTags(all_=[f"migration:{name}", cluster_tag(cluster)]),
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])),
             ))  # fmt: skip
         _crash_dead_runs({name: migration}, {name: list(runs)}, lease_seconds=lease_seconds)
@@ -249,10 +250,12 @@ def dispatch_requests(
                 attempted.add(name)
                 child = _Child(name=name, resource=migration_resource(by_name[name]))
                 if deployed and name not in resumed:
-                    _crash_orphans(by_name[name], settings.lease_seconds)
+                    _crash_orphans(by_name[name], settings.lease_seconds, settings.cluster_config_block)
                 logger.info("starting %s (%s)", name, child.resource)
                 ctx = contextvars.copy_context()  # keeps the subflow under this flow run
-                running[pool.submit(ctx.run, _run_one, child, overrides, deployed, wait_seconds)] = child
+                future = pool.submit(ctx.run, _run_one, child, overrides, settings.cluster_config_block, deployed,
+                                     wait_seconds)  # fmt: skip
+                running[future] = child
             summary.waiting = {w.name: w.reason for w in plan.waiting}
             if not running:
                 blocked = [n for n in summary.waiting if only is not None and n in only]
@@ -281,17 +284,23 @@ def run_migrations(
     write_concurrency: int | None = None,
     kubeconfig: str | None = None,
     context: str | None = None,
+    cluster: str | None = None,
 ) -> DispatchSummary:
+    """Run every pending request of `cluster` (a KubernetesClusterConfig block; left out: the
+    environment's cluster, issue 20) as a migrate-resource run for the same cluster."""
     overrides = run_overrides(chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                               write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context)  # fmt: skip
-    settings = Settings.with_overrides(max_parallel_migrations=max_parallel, lease_seconds=lease_seconds, **overrides)
+    settings = cluster_settings(cluster, max_parallel_migrations=max_parallel, lease_seconds=lease_seconds,
+                                **overrides)  # fmt: skip
     # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
-    with delivered_events(), our_logs_in_the_run():
+    with delivered_events(), our_logs_in_the_run(), entered_cluster(settings):
         summary = dispatch_requests(settings, overrides, deployed=deployment.id is not None)
         if "Completed" in summary.outcomes.values():
             summary.polled = _refine(settings)
     rows = [{"migration": n, "outcome": o} for n, o in summary.outcomes.items()]
     rows += [{"migration": n, "outcome": f"waiting: {r}"} for n, r in summary.waiting.items()]
     if rows:
-        create_table_artifact(table=rows, key="run-migrations", description="Migrations started by this run")
+        create_table_artifact(
+            table=rows, key=scoped_key("run-migrations", cluster), description="Migrations started by this run"
+        )
     return summary

@@ -10,7 +10,16 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DEFAULT_CLUSTER", "budget_limit_name", "cluster_tag", "deployment_name", "identity_variable"]
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "block_of",
+    "budget_limit_name",
+    "cluster_name",
+    "cluster_tag",
+    "deployment_name",
+    "identity_variable",
+    "scoped_key",
+]
 
 #: The name of the cluster of the environment (no block named).
 DEFAULT_CLUSTER = "default"
@@ -28,14 +37,34 @@ def _slug(cluster: str) -> str:
     return cluster
 
 
+def block_of(cluster: str | None) -> str | None:
+    """The block a `cluster` parameter names: None for the environment's cluster (left out, or `default`)."""
+    return None if cluster in (None, "", DEFAULT_CLUSTER) else _slug(cluster)
+
+
+def cluster_name(block: str | None) -> str:
+    """What a cluster is called in tags, events, the ledger and the CLI: its block's name, or `default`."""
+    return DEFAULT_CLUSTER if block is None else block
+
+
+def scoped_key(key: str, cluster: str | None) -> str:
+    """An artifact key of one cluster: `key` itself for the default cluster (a single-cluster install
+    keeps its keys), `cluster-<name>-<key>` for a named one (none of ours starts with `cluster-`);
+    Prefect keys: lowercase letters, digits and dashes, at most 100 characters."""
+    block = block_of(cluster)
+    whole = key if block is None else f"cluster-{block}-{key}"
+    return re.sub(r"[^a-z0-9-]+", "-", whole.lower()).strip("-")[:100]
+
+
 def budget_limit_name(base: str, cluster: str | None) -> str:
     """The global concurrency limit of a cluster's writes: `base` for the default cluster."""
-    return base if cluster in (None, DEFAULT_CLUSTER) else f"{base}-{_slug(cluster)}"
+    block = block_of(cluster)
+    return base if block is None else f"{base}-{block}"
 
 
 def cluster_tag(cluster: str | None) -> str:
     """The run tag that says which cluster a run was for."""
-    return f"cluster:{cluster or DEFAULT_CLUSTER}"
+    return f"cluster:{cluster_name(block_of(cluster))}"
 
 
 def identity_variable(cluster: str) -> str:
@@ -45,4 +74,5 @@ def identity_variable(cluster: str) -> str:
 
 def deployment_name(flow: str, cluster: str | None) -> str:
     """`flow/flow` for the default cluster (prefect.yaml's), `flow/<cluster>` for a named one."""
-    return f"{flow}/{flow}" if cluster in (None, DEFAULT_CLUSTER) else f"{flow}/{_slug(cluster)}"
+    block = block_of(cluster)
+    return f"{flow}/{flow}" if block is None else f"{flow}/{block}"

@@ -21,6 +21,7 @@ from typing import Final, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.agreement.server_configs import ServerConfigs
+from storage_migrator.fleet.names import block_of
 
 __all__ = [
     "ACTIVE_NAME",
@@ -30,6 +31,7 @@ __all__ = [
     "Phase",
     "PhaseCheck",
     "RunbookRecord",
+    "active_name",
     "blocking_runbook",
     "instructions",
     "next_phase",
@@ -66,9 +68,17 @@ class ActiveRunbook(BaseModel):
     key: str
 
 
+def active_name(cluster: str | None) -> str:
+    """The claim of one cluster (issue 20): the rotations of two clusters never see each other's changes,
+    so each has its own; named ones as `storage-migrator-runbook_<cluster>_active` (block names have no `_`)."""
+    block = block_of(cluster)
+    return ACTIVE_NAME if block is None else f"storage-migrator-runbook_{block}_active"
+
+
 def blocking_runbook(
-    active: ActiveRunbook | None, *, me: str, holder_state: str | None, holder_final: bool
-) -> str | None:
+    active: ActiveRunbook | None, *, me: str, holder_state: str | None, holder_final: bool,
+    variable: str = ACTIVE_NAME,
+) -> str | None:  # fmt: skip
     """Why this run may not start (None: it may): another runbook run holds the claim and has not
     ended. A holder that is gone (`holder_state` None) or in a final state no longer counts."""
     if active is None or active.run_id == me or holder_state is None or holder_final:
@@ -77,7 +87,7 @@ def blocking_runbook(
         f"another key-rotation runbook is in progress: flow run {active.run_id} (key {active.key}), "
         f"{holder_state}. Two at once would each take the other's configuration change for its own: "
         "finish or cancel that run first. If it is dead (its process killed and its state never set), "
-        f"mark it Crashed, or delete the Prefect Variable {ACTIVE_NAME}."
+        f"mark it Crashed, or delete the Prefect Variable {variable}."
     )
 
 
@@ -85,9 +95,12 @@ def next_phase(phase: Phase) -> Phase:
     return PHASES[min(PHASES.index(phase) + 1, len(PHASES) - 1)]
 
 
-def record_name(key: str) -> str:
-    """The Prefect Variable that holds a runbook's record (names: letters, digits, '-', '_')."""
-    return "storage-migrator-runbook-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in key)[:200]
+def record_name(key: str, cluster: str | None = None) -> str:
+    """The Prefect Variable that holds a runbook's record (names: letters, digits, '-', '_'); a named
+    cluster's as `storage-migrator-runbook_<cluster>_<key>`, which no default cluster's name can be."""
+    block = block_of(cluster)
+    prefix = "storage-migrator-runbook-" if block is None else f"storage-migrator-runbook_{block}_"
+    return prefix + "".join(c if c.isalnum() or c in "-_" else "_" for c in key)[:200]
 
 
 class RunbookRecord(BaseModel):

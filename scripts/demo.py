@@ -16,7 +16,9 @@ etcd holds.
 6. a key rotation (Secrets written with key2) is requested by hand, as a
    key-rotation tool would (seed 003): the storage version did not change;
 7. a summary a person can check: objects rewritten per resource, the
-   StorageStates, and etcd holding only the new version and key.
+   StorageStates, and etcd holding only the new version and key;
+8-10. with `--clusters 2`, a second cluster on the same Prefect server and a
+   fleet key rotation of both (scripts/demo_fleet.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import yaml
+from demo_fleet import second_cluster  # scripts/, this script's own folder
 from kubernetes import client as k8s
 
 from devstack import REPO, PrefectStack
@@ -166,6 +169,8 @@ def main() -> int:
         default=250.0,
         help="writes per second shared by all migrations (default 250; production default 10)",
     )
+    parser.add_argument("--clusters", type=int, choices=[1, 2], default=1,
+                        help="2: a second cluster on the same Prefect server, and a fleet key rotation of both")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep everything running afterwards (Ctrl-C stops it)")
     parser.add_argument("--prefect-db", choices=["sqlite", "postgres"], default="sqlite",
                         help="the Prefect server's database: sqlite (Prefect's default) or postgres (Debian's "
@@ -237,6 +242,10 @@ def main() -> int:
                         WIDGETS: "apiVersion demo.example.com/v2"}  # fmt: skip
             ok = all(set(after[n]) == {form} for n, form in expected.items())
             print(f"\n   etcd holds only the new version and key: {'yes' if ok else 'NO'}")
+            if args.clusters == 2:
+                ok = second_cluster(stack, workdir, objects=max(1, args.objects // 2), first_admin=admin,
+                                    first_etcd=etcd, seed=lambda a, n: seed(a, count=n),
+                                    wait_for_migrations=wait_for_migrations, report=report) and ok  # fmt: skip
             wait_for_ui(stack.ui_url, stack.api_url)
             print(f"\n   The Prefect UI answers at {stack.ui_url}. Open the Runs page first: {stack.ui_url}/v2/runs "
                   "(one migrate-<resource>-<version>-<uid> run per migration, tagged resource:<resource>; "

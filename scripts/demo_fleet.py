@@ -1,0 +1,85 @@
+"""The demo's fleet part (`--clusters 2`, issue 20): a second cluster on the same Prefect server.
+
+8. cluster-b, a second kubesim over its own etcd, named by a KubernetesClusterConfig
+   block; `storage-migrator fleet add cluster-b` gives it its own deployments (its
+   detection schedule, its dispatcher); its first polls migrate it;
+9. a fleet key rotation: key3 made the write key on both clusters, then one
+   `rotate-encryption-key` run for `default` and `cluster-b`, a verdict per cluster;
+10. what etcd holds on each, and `storage-migrator status|history --all-clusters`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from devstack import REPO, PrefectStack
+from kubesim.admin import Admin
+from kubesim.cluster import Cluster
+from kubesim.etcd import EtcdStore
+from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.settings import Settings
+
+NAME = "cluster-b"
+
+
+def storage_migrator(stack: PrefectStack, *args: str) -> str:
+    """The CLI as an operator runs it, against the demo's Prefect server."""
+    done = subprocess.run([sys.executable, "-m", "storage_migrator.cli", *args], cwd=REPO, env=stack.env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return done.stdout + done.stderr
+
+
+def save_block(stack: PrefectStack, kubeconfig: Path) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        KubernetesClusterConfig.from_file(kubeconfig).save(NAME, overwrite=True)
+
+
+def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_admin: Admin, first_etcd: EtcdStore,
+                   seed: Callable[[Any, int], None], wait_for_migrations: Callable[..., Any],
+                   report: Callable[[str, EtcdStore], dict[str, Any]]) -> bool:  # fmt: skip
+    """Steps 8-10; True when etcd holds only key3 for the Secrets of both clusters."""
+    with Cluster() as cluster:
+        kubeconfig = cluster.write_kubeconfig(workdir / f"{NAME}.kubeconfig")
+        admin, etcd = Admin(cluster.server.url), cluster.etcd()
+        api = api_client_from_settings(Settings(kubeconfig=kubeconfig))
+        try:
+            print(f"\n8. A second cluster, {NAME}: kubesim on {cluster.server.url}, named by a block of that name")
+            seed(api, objects)
+            save_block(stack, Path(kubeconfig))
+            print(storage_migrator(stack, "fleet", "add", NAME))
+            started = time.monotonic()
+            stack.run("deployment", "run", f"detect-storage-changes/{NAME}", "--watch")
+            wait_for_migrations(api, timeout=900)
+            stack.run("deployment", "run", f"detect-storage-changes/{NAME}", "--watch")
+            print(f"   {NAME}: first poll, migrations and refinement in {time.monotonic() - started:.0f} s")
+            print("\n9. A fleet key rotation: key3 made the write key on both clusters, then one run for both")
+            first_admin.set_encryption(["key2", "key3", "key1"])  # seed 003: readable first, then the write key
+            first_admin.set_encryption(["key3", "key2", "key1"])
+            admin.set_encryption(["key1", "key3"])
+            admin.set_encryption(["key3", "key1"])
+            stack.run("deployment", "run", "rotate-encryption-key/rotate-encryption-key", "--param", "key=key3",
+                      "--param", f'clusters=["default", "{NAME}"]', "--param", 'resources=["secrets"]',
+                      "--watch")  # fmt: skip
+            print("\n10. What etcd holds, cluster by cluster")
+            ok = True
+            for name, store in (("default", first_etcd), (NAME, etcd)):
+                secrets = report(f"   {name}:", store)["secrets"]
+                ok = ok and set(secrets) == {"encrypted with key3"}
+            print("\n   storage-migrator status --all-clusters")
+            print(storage_migrator(stack, "status", "--all-clusters"))
+            print("   storage-migrator history --all-clusters --limit 8")
+            print(storage_migrator(stack, "history", "--all-clusters", "--limit", "8"))
+            print(f"   Both clusters' Secrets are under key3 only: {'yes' if ok else 'NO'}. In the Prefect UI, "
+                  f"filter the runs by tag cluster:{NAME} or cluster:default.")  # fmt: skip
+            return ok
+        finally:
+            etcd.close()
+            api.close()  # type: ignore[no-untyped-call]

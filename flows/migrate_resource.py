@@ -54,6 +54,7 @@ from storage_migrator.agreement.storage_versions import (
 from storage_migrator.fleet.names import budget_limit_name, scoped_key
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
+from storage_migrator.migration.dispatch import was_presumed_dead
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
 from storage_migrator.models import (
     CONDITION_SUCCEEDED,
@@ -294,6 +295,10 @@ def _migrate(
     cluster: str | None,
 ) -> MigrationSummary | State[Any]:
     """The run itself (see the module docstring)."""
+    dead = _marked_dead()
+    if dead is not None:
+        get_run_logger().warning("%s", dead)
+        return Cancelled(message=dead)
     settings = cluster_settings(
         cluster, chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
         write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context,
@@ -302,6 +307,19 @@ def _migrate(
     with entered_cluster(settings):
         return _resolve_and_run(settings, resource=resource, group=group, version=version, migration=migration,
                                 explicit_rate=write_rate_per_second is not None)  # fmt: skip
+
+
+def _marked_dead() -> str | None:
+    """Why this run must not start: a dispatcher presumed it dead and resumed its request elsewhere."""
+    run_id = flow_run.id
+    if run_id is None:
+        return None
+    with get_client(sync_client=True) as client:
+        history = [(str(s.type.value), s.message) for s in client.read_flow_run_states(run_id)]
+    if not was_presumed_dead(history):
+        return None
+    return ("a run-migrations dispatcher marked this run Crashed before it started (it was slower to start than "
+            "lease_seconds) and resumed its request in another run: nothing written here")  # fmt: skip
 
 
 def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, version: str | None,

@@ -59,6 +59,7 @@ from flows.run_logs import our_logs_in_the_run
 from storage_migrator.conditions import is_condition_true
 from storage_migrator.fleet.names import cluster_tag, scoped_key
 from storage_migrator.migration.dispatch import (
+    PRESUMED_DEAD,
     RUNNING_ELSEWHERE,
     DispatchPlan,
     is_finished,
@@ -110,10 +111,10 @@ def _dead_message(migration: StorageVersionMigration, state: str, lease_seconds:
     name = f"{MIGRATIONS_KIND_NAME}/{migration.metadata.name}"
     if is_finished(migration):
         return (f"{name} finished, and this run still showed {state}, longer than lease_seconds ({lease_seconds:g} s) "
-                "ago: its process is presumed dead (its worker stopped or was killed while it wrapped up); the "
+                f"ago: {PRESUMED_DEAD} (its worker stopped or was killed while it wrapped up); the "
                 "request's verdict stands")  # fmt: skip
     return (f"{name} had no checkpoint, and this run showed {state}, for longer than "
-            f"lease_seconds ({lease_seconds:g} s): its process is presumed dead (its worker stopped or was "
+            f"lease_seconds ({lease_seconds:g} s): {PRESUMED_DEAD} (its worker stopped or was "
             "killed); run-migrations resumes the request from its checkpoint")  # fmt: skip
 
 

@@ -36,6 +36,7 @@ from storage_migrator.models import (
 
 __all__ = [
     "OVER_PARALLEL_LIMIT",
+    "PRESUMED_DEAD",
     "RUNNING_ELSEWHERE",
     "DispatchPlan",
     "Waiting",
@@ -46,6 +47,7 @@ __all__ = [
     "plan_dispatch",
     "presumed_dead",
     "queued_reason",
+    "was_presumed_dead",
 ]
 
 #: Reason of a pick that does not fit in ``max_parallel`` this time.
@@ -54,6 +56,8 @@ OVER_PARALLEL_LIMIT = "over the parallel limit"
 RUNNING_ELSEWHERE = "running in a live flow run (lease held)"
 #: Who holds a resource listed in ``active`` when no live migration names it.
 _ANOTHER_RUN = "another flow run"
+#: What a dispatcher says when it marks a flow run Crashed (flows/run_migrations.py); the run looks for it.
+PRESUMED_DEAD = "its process is presumed dead"
 
 _EPOCH = datetime.min.replace(tzinfo=UTC)
 
@@ -171,6 +175,17 @@ def presumed_dead(
         done = finished_at(migration)
         return done is not None and (now - done).total_seconds() > lease_seconds
     return not _lease_is_live(migration, now=now, lease_seconds=lease_seconds)
+
+
+def was_presumed_dead(history: Sequence[tuple[str, str | None]]) -> bool:
+    """Whether a dispatcher marked this flow run dead (its states as (type, message), any order).
+
+    Prefect lets a Crashed run move to Running when its process starts after all (a run
+    slower to start than the lease: an image pull, a loaded worker). Its request was
+    resumed elsewhere meanwhile, and two runs of one request would break seed 003's one
+    at a time per resource: such a run must end before it writes anything.
+    """
+    return any(kind == "CRASHED" and PRESUMED_DEAD in (message or "") for kind, message in history)
 
 
 def _age_key(migration: StorageVersionMigration) -> tuple[bool, datetime, str]:

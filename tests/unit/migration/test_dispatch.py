@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from storage_migrator.conditions import get_condition, set_condition
 from storage_migrator.migration.dispatch import (
     OVER_PARALLEL_LIMIT,
+    PRESUMED_DEAD,
     RUNNING_ELSEWHERE,
     DispatchPlan,
     Waiting,
@@ -20,6 +21,7 @@ from storage_migrator.migration.dispatch import (
     migration_resource,
     plan_dispatch,
     presumed_dead,
+    was_presumed_dead,
 )
 from storage_migrator.models import (
     StorageVersionMigration,
@@ -388,3 +390,21 @@ DEAD_ROWS = [
 def test_presumed_dead(rule: str, migration: StorageVersionMigration | None, started: datetime | None,
                        dead: bool) -> None:  # fmt: skip
     assert presumed_dead(migration, claimed_at=started, now=NOW, lease_seconds=LEASE) is dead, rule
+
+
+@pytest.mark.parametrize(
+    ("history", "dead"),
+    [
+        ([("SCHEDULED", ""), ("PENDING", ""), ("RUNNING", "")], False),
+        ([("SCHEDULED", ""), ("CRASHED", "the worker's process exited")], False),
+        ([("PENDING", ""), ("CRASHED", f"x had no checkpoint ...: {PRESUMED_DEAD} (...)"), ("RUNNING", "")], True),
+        ([("RUNNING", f"quoted: {PRESUMED_DEAD}")], False),
+        ([], False),
+    ],
+)
+def test_a_run_the_dispatcher_presumed_dead_must_not_start_after_all(
+    history: list[tuple[str, str | None]], dead: bool
+) -> None:
+    """Seed 003: migrations of one resource run one at a time. A run marked dead and resumed
+    elsewhere that starts late (Prefect lets Crashed move to Running) would be the second."""
+    assert was_presumed_dead(history) is dead

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Kubesim, install_migration_crds
+from conftest import Kubesim, install_migration_crds, wait_until
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.variables import Variable
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
@@ -29,6 +30,8 @@ from storage_migrator.fleet.names import identity_variable
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api", "migration_crds")]
 
 MIGRATIONS = b"/registry/migration.k8s.io/storageversionmigrations/"
+#: Every ConfigMap of the session's cluster is migrated: at 10 writes/s (the default) a minute of pacing.
+FAST: dict[str, Any] = {"write_rate_per_second": 2000.0, "write_concurrency": 8, "chunk_size": 500}
 
 
 @pytest.fixture
@@ -78,7 +81,7 @@ def test_a_block_pointed_at_another_cluster_fails_before_any_write(
     assert uid_a != uid_b
     KubernetesClusterConfig.from_file(Path(kubesim.kubeconfig)).save(block_only, overwrite=True)
 
-    first: Any = migrate_resource(resource="configmaps", cluster=block_only, return_state=True)
+    first: Any = migrate_resource(resource="configmaps", cluster=block_only, return_state=True, **FAST)
 
     assert first.is_completed(), first.message
     assert Variable.get(identity_variable(block_only)) == {"uid": uid_a}
@@ -91,7 +94,7 @@ def test_a_block_pointed_at_another_cluster_fails_before_any_write(
     KubernetesClusterConfig.from_file(other_kubeconfig).save(block_only, overwrite=True)
     before = stored(other, b"/registry/")
 
-    second: Any = migrate_resource(resource="configmaps", cluster=block_only, return_state=True)
+    second: Any = migrate_resource(resource="configmaps", cluster=block_only, return_state=True, **FAST)
 
     assert second.is_failed()
     assert uid_a in second.message and uid_b in second.message, second.message
@@ -109,7 +112,52 @@ def test_the_environments_cluster_is_read_and_never_judged(kubesim: Kubesim, nam
     """No block named: as before names, each worker's kubeconfig may be another cluster's."""
     from flows.migrate_resource import migrate_resource
 
-    state: Any = migrate_resource(resource="configmaps", kubeconfig=kubesim.kubeconfig, return_state=True)
+    state: Any = migrate_resource(resource="configmaps", kubeconfig=kubesim.kubeconfig, return_state=True, **FAST)
 
     assert state.is_completed(), state.message
     assert Variable.get(identity_variable("default")) is None
+
+
+def test_a_detection_poll_for_a_named_cluster_migrates_that_cluster_only(
+    kubesim: Kubesim, namespace: str, cluster_b: tuple[Cluster, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: "Every flow takes `cluster`, the block's name." The worker's own kubeconfig is
+    cluster A (its default cluster); the poll for the block's cluster B records B's StorageState,
+    requests B's migration and runs it there, with every run and event saying B; A is not touched."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventResourceFilter
+
+    from flows.detect_storage_changes import detect_storage_changes
+
+    other, other_kubeconfig = cluster_b
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    KubernetesClusterConfig.from_file(other_kubeconfig).save(name, overwrite=True)
+    monkeypatch.setenv("STORAGE_MIGRATOR_KUBECONFIG", kubesim.kubeconfig)
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "configmaps")
+    ours = b"/registry/migration.k8s.io/"
+    a_before = stored(kubesim.cluster, ours)
+    b_before = stored(other, b"/registry/configmaps/default/")
+
+    state: Any = detect_storage_changes(cluster=name, return_state=True)
+
+    assert state.is_completed(), state.message
+    b_after = stored(other, ours)
+    assert [k for k in b_after if k.startswith(ours + b"storagestates/")], "B's StorageState was written"
+    assert [k for k in b_after if k.startswith(ours + b"storageversionmigrations/")], "B's request was made"
+    rewritten = stored(other, b"/registry/configmaps/default/")
+    assert rewritten.keys() == b_before.keys() and all(rewritten[k] > b_before[k] for k in b_before), (
+        "every ConfigMap of B was rewritten by its migration"
+    )
+    assert stored(kubesim.cluster, ours) == a_before, "nothing of ours was written to A"
+    requests = [k.rsplit(b"/", 1)[1].decode() for k in b_after if k.startswith(ours + b"storageversionmigrations/")]
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=FlowRunFilterTags(all_=[f"cluster:{name}"])))
+
+        def succeeded() -> list[str]:
+            return [e.resource.id for e in client.read_events(filter=EventFilter(
+                event=EventNameFilter(name=["storage-migrator.migration.succeeded"]),
+                resource=EventResourceFilter(labels={"storage-migrator.cluster": [name]}))).events]  # fmt: skip
+
+        events = wait_until(succeeded, what=f"the migration's event labelled cluster {name}", timeout=60)
+    # The poll, its dispatcher and the migration, each tagged; the migration also named for the cluster.
+    assert len(runs) >= 3 and [r for r in runs if r.name.startswith(f"{name}:migrate-configmaps-v1-")], runs
+    assert events == [f"storage-migrator.storageversionmigration.{name}.{r}" for r in requests]

@@ -51,7 +51,7 @@ from storage_migrator.agreement.storage_versions import (
     StorageVersionObservation,
     decide_agreement,
 )
-from storage_migrator.fleet.names import budget_limit_name, cluster_tag
+from storage_migrator.fleet.names import DEFAULT_CLUSTER, budget_limit_name, cluster_tag
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
@@ -312,6 +312,7 @@ def _migrate(
         resource=handle.group_resource, version=handle.version, target_hash=handle.target_hash,
         encryption_key=handle.encryption_key, requested_by=handle.requested_by,
         flow_run_id=str(flow_run.id) if flow_run.id else None,
+        cluster=settings.cluster_config_block or DEFAULT_CLUSTER,
     )  # fmt: skip
     try:
         return _run(settings, handle, rec, explicit_rate=write_rate_per_second is not None)

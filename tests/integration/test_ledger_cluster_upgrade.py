@@ -92,4 +92,3 @@ def test_a_single_cluster_ledger_upgrades_and_every_row_is_the_default_cluster(r
     [gap] = queries.gaps(engine, cluster=DEFAULT_CLUSTER)
     assert gap.clusters == [DEFAULT_CLUSTER] and gap.resources == ["configmaps"]
     assert queries.gaps(engine, cluster="other") == []
-

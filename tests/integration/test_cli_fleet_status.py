@@ -102,3 +102,28 @@ def test_status_of_the_fleet_shows_every_cluster_it_can_read_and_names_the_one_i
     assert lines[0].split()[:2] == ["CLUSTER", "RESOURCE"]
     assert {(line.split()[0], line.split()[1]) for line in lines[1:]} >= {("default", "secrets"),
                                                                          (kubesim_block, "secrets")}  # fmt: skip
+
+
+@pytest.mark.usefixtures("no_environment_credentials")
+def test_a_named_clusters_run_is_in_the_ledger_under_its_name(
+    namespace: str, kubesim_block: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """migrate-resource with `cluster` records its run as that cluster's; `history --cluster` finds it."""
+    from flows.migrate_resource import migrate_resource
+    from storage_migrator.ledger.writer import writer_for
+
+    ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
+    monkeypatch.setenv("STORAGE_MIGRATOR_DATABASE_URL", ledger)
+
+    state: Any = migrate_resource(resource="configmaps", cluster=kubesim_block, write_rate_per_second=2000.0,
+                                  return_state=True)  # fmt: skip
+
+    assert state.is_completed(), state.message
+    assert writer_for(ledger).flush(30)
+    assert main(["history", "--cluster", kubesim_block, "-o", "json"]) == 0  # cross-checked through the block
+    [run] = json.loads(capsys.readouterr().out)
+    assert (run["kind"], run["cluster"], run["resource"], run["outcome"]) == ("run", kubesim_block, "configmaps",
+                                                                              "succeeded")  # fmt: skip
+    assert main(["history", "--no-requests", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []  # the default cluster ran nothing

@@ -91,11 +91,11 @@ def command(
     scope = scope_of(ctx, cluster, all_clusters)
     if scope.cluster is not None:
         plans = [_plan(ctx, scope.cluster, named=False)]
-        failed: dict[str, str] = {}
+        failed: list[str] = []
     else:
         plans, failed = _fleet(ctx)
-    for name, why in failed.items():
-        print(f"storage-migrator: cluster {name!r} could not be read: {why}", file=sys.stderr)
+    for why in failed:
+        print(f"storage-migrator: {why}", file=sys.stderr)
     data = [{"cluster": p.cluster, **a.model_dump(mode="json")} for p in plans for a in p.actions]
     emit(
         output,
@@ -106,19 +106,19 @@ def command(
         raise typer.Exit(1)
 
 
-def _fleet(ctx: typer.Context) -> tuple[list[_Plan], dict[str, str]]:
+def _fleet(ctx: typer.Context) -> tuple[list[_Plan], list[str]]:
     """Every cluster's plan, and why each cluster that could not be read was not (the others are still planned)."""
-    failed: dict[str, str] = {}
+    failed: list[str] = []
     try:
         names = recorded_clusters()
     except ConnectionConfigError as exc:
-        names, failed["(recorded clusters)"] = [DEFAULT_CLUSTER], str(exc)
+        names, failed = [DEFAULT_CLUSTER], [str(exc)]
     plans = []
     for name in names:
         try:
             plans.append(_plan(ctx, name, named=True))
         except Exception as exc:  # noqa: BLE001 - one cluster's failure is reported, the others are planned
-            failed[name] = str(exc)
+            failed.append(f"cluster {name!r} could not be read: {exc}")
     return plans, failed
 
 

@@ -70,19 +70,19 @@ def _read(ctx: typer.Context, cluster: str, now: datetime) -> list[ResourceOverv
     return overview(states, migrations, now=now)
 
 
-def _fleet(ctx: typer.Context, now: datetime) -> tuple[list[tuple[str, ResourceOverview]], dict[str, str]]:
+def _fleet(ctx: typer.Context, now: datetime) -> tuple[list[tuple[str, ResourceOverview]], list[str]]:
     """Every cluster's rows, and why each cluster that could not be read was not (the others are still read)."""
-    failed: dict[str, str] = {}
+    failed: list[str] = []
     try:
         names = recorded_clusters()
     except ConnectionConfigError as exc:
-        names, failed["(recorded clusters)"] = [DEFAULT_CLUSTER], str(exc)
+        names, failed = [DEFAULT_CLUSTER], [str(exc)]
     rows: list[tuple[str, ResourceOverview]] = []
     for name in names:
         try:
             rows += [(name, r) for r in _read(ctx, name, now)]
         except Exception as exc:  # noqa: BLE001 - one cluster's failure is reported, the others are shown
-            failed[name] = str(exc)
+            failed.append(f"cluster {name!r} could not be read: {exc}")
     return rows, failed
 
 
@@ -98,7 +98,7 @@ def command(
     """
     scope = scope_of(ctx, cluster, all_clusters)
     now = datetime.now(UTC)
-    failed: dict[str, str] = {}
+    failed: list[str] = []
     if scope.cluster is not None:
         try:
             rows = [(scope.cluster, r) for r in _read(ctx, scope.cluster, now)]
@@ -107,8 +107,8 @@ def command(
             raise typer.Exit(1) from exc
     else:
         rows, failed = _fleet(ctx, now)
-    for name, why in failed.items():
-        print(f"storage-migrator: cluster {name!r} could not be read: {why}", file=sys.stderr)
+    for why in failed:
+        print(f"storage-migrator: {why}", file=sys.stderr)
     if not rows and output is OutputFormat.table:
         if not failed:
             print("No resources found: no StorageStates and no migrations yet", file=sys.stderr)  # as kubectl get

@@ -81,7 +81,7 @@ def test_a_cluster_without_a_block_is_named_with_the_fix(capsys: pytest.CaptureF
     assert "KubernetesClusterConfig.from_file(PATH).save('no-such-cluster')" in err
 
 
-def test_status_of_the_fleet_shows_every_cluster_it_can_read_and_names_the_one_it_cannot(
+def test_status_and_plan_of_the_fleet_show_every_cluster_they_can_read_and_name_the_one_they_cannot(
     kubesim: Kubesim, clean_slate: Any, kubesim_block: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _state(clean_slate, "secrets", "hS1")
@@ -102,6 +102,12 @@ def test_status_of_the_fleet_shows_every_cluster_it_can_read_and_names_the_one_i
     assert lines[0].split()[:2] == ["CLUSTER", "RESOURCE"]
     assert {(line.split()[0], line.split()[1]) for line in lines[1:]} >= {("default", "secrets"),
                                                                          (kubesim_block, "secrets")}  # fmt: skip
+
+    # plan: the same clusters, each planned; the one whose block is gone named, exit 1.
+    assert main(["--kubeconfig", kubesim.kubeconfig, "plan", "--all-clusters", "-o", "json"]) == 1
+    out, err = capsys.readouterr()
+    assert {"default", kubesim_block} <= {a["cluster"] for a in json.loads(out)}
+    assert f"cluster {gone!r} could not be read" in err
 
 
 @pytest.mark.usefixtures("no_environment_credentials")

@@ -5,7 +5,9 @@ URL. The ledger may have a gap (the database was down longer than the writer
 retried): its gap rows are listed, and the cluster's StorageVersionMigration
 objects that ran with no run row in the ledger are listed too (the Kubernetes
 objects are the source of truth; the ledger only their history), and a run
-whose end never reached the ledger is shown `unknown` once it is over.
+whose end never reached the ledger is shown `unknown` once it is over. Issue
+20: one ledger holds a fleet's history; a command shows one cluster's runs, or
+every cluster's with a CLUSTER column, each cross-checked against its own cluster.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from typing import Annotated, Any
 
 import typer
 
-from storage_migrator.cli.options import kube_api, settings_of
+from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, scope_of
+from storage_migrator.cli.options import settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.ledger import queries
@@ -47,10 +50,11 @@ def parse_since(text: str, *, now: datetime) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
-def _unrecorded_row(u: UnrecordedMigration, labels: dict[str, str] | None, progress: Any) -> dict[str, Any]:
+def _unrecorded_row(cluster: str, u: UnrecordedMigration, labels: dict[str, str] | None,
+                    progress: Any) -> dict[str, Any]:  # fmt: skip
     counters = {k: getattr(progress, k, 0) if progress else 0
                 for k in ("listed", "rewritten", "unchanged", "gone", "conflicted", "failed", "chunks")}  # fmt: skip
-    return {"kind": "unrecorded", "run_id": None, "migration": u.migration, "migration_uid": u.migration_uid,
+    return {"kind": "unrecorded", "run_id": None, "cluster": cluster, "migration": u.migration, "migration_uid": u.migration_uid,
             "resource": u.resource, "version": None, "target_storage_version_hash": None, "encryption_key": None,
             "requested_by": requested_by(labels), "flow_run_id": None, "flow_run_url": None,
             "started_at": u.started_at, "finished_at": u.finished_at, "duration_seconds": None,
@@ -63,23 +67,24 @@ def _unrecorded_row(u: UnrecordedMigration, labels: dict[str, str] | None, progr
 def _gap_row(g: Gap) -> dict[str, Any]:
     kinds = ", ".join(f"{n} {k}" for k, n in g.kinds.items())
     row: dict[str, Any] = {key: None for key in RunHistory.model_fields}
-    row.update(kind="gap", resource=",".join(g.resources), started_at=g.first_lost_at, finished_at=g.last_lost_at,
+    row.update(kind="gap", cluster=",".join(g.clusters), resource=",".join(g.resources), started_at=g.first_lost_at, finished_at=g.last_lost_at,
                outcome="gap", reason="LedgerGap", message=f"{g.rows_lost} ledger rows not written ({kinds}): {g.reason}",
                listed=0, rewritten=0, unchanged=0, gone=0, conflicted=0, failed=0, chunks=0, passes=0)  # fmt: skip
     return row
 
 
-def _requests(ctx: typer.Context) -> list[StorageVersionMigration] | None:
+def _requests(ctx: typer.Context, cluster: str) -> list[StorageVersionMigration] | None:
     """The cluster's requests; None with a warning when the cluster cannot be read."""
     try:
-        with kube_api(settings_of(ctx)) as api:
+        with connect(ctx, cluster) as api:
             return list_migrations(api)
     except Exception as exc:  # noqa: BLE001 - the ledger's answer stands on its own; say what was not checked
-        print(f"warning: could not list {MIGRATIONS_KIND_NAME} to cross-check the ledger: {exc}", file=sys.stderr)
+        print(f"warning: cluster {cluster!r}: could not list {MIGRATIONS_KIND_NAME} to cross-check the ledger: "
+              f"{exc}", file=sys.stderr)  # fmt: skip
         return None
 
 
-def _unrecorded(requests: list[StorageVersionMigration], recorded: set[str], resource: str | None,
+def _unrecorded(cluster: str, requests: list[StorageVersionMigration], recorded: set[str], resource: str | None,
                 since: datetime | None) -> list[Any]:  # fmt: skip
     """The cluster's requests that ran with no run row."""
     by_uid = {m.metadata.uid: m for m in requests}
@@ -88,7 +93,7 @@ def _unrecorded(requests: list[StorageVersionMigration], recorded: set[str], res
         if resource and u.resource != resource:
             continue
         m = by_uid[u.migration_uid]
-        out.append(_unrecorded_row(u, m.metadata.labels, m.status.progress))
+        out.append(_unrecorded_row(cluster, u, m.metadata.labels, m.status.progress))
     return out
 
 
@@ -102,9 +107,9 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def _table(rows: list[dict[str, Any]]) -> str:
-    return render_table(HEADERS, [
-        [_cell(r["started_at"]), _cell(r["resource"]), _cell(r["migration"]), _cell(r["requested_by"]),
+def _table(rows: list[dict[str, Any]], *, clusters: bool) -> str:
+    return render_table((["CLUSTER"] if clusters else []) + HEADERS, [
+        ([_cell(r["cluster"])] if clusters else []) + [_cell(r["started_at"]), _cell(r["resource"]), _cell(r["migration"]), _cell(r["requested_by"]),
          _cell(r["outcome"]), _cell(r["duration_seconds"]), _cell(r["listed"]), _cell(r["rewritten"]),
          _cell(r["failed"]), _cell(r["flow_run_url"] or r["flow_run_id"])]
         for r in rows
@@ -116,35 +121,45 @@ def command(
     resource: Annotated[str | None, typer.Argument(help="only this resource: <resource> or <resource>.<group>")] = None,
     since: Annotated[str | None, typer.Option(help="only runs since: 7d, 12h, 30m, or a date (UTC)")] = None,
     limit: Annotated[int, typer.Option(min=1, help="at most this many runs, newest first")] = 1000,
-    cluster: Annotated[bool, typer.Option(help="cross-check the cluster's requests for runs the ledger missed")] = True,
+    requests: Annotated[
+        bool, typer.Option(help="cross-check the cluster's requests for runs the ledger missed")
+    ] = True,
+    cluster: ClusterOption = None,
+    all_clusters: AllClustersOption = False,
     output: Output = OutputFormat.table,
 ) -> None:
     """Past migration runs from the ledger, newest first: outcome, who asked, counters, the flow run and its UI URL.
 
-    The ledger is STORAGE_MIGRATOR_DATABASE_URL; flow-run links need STORAGE_MIGRATOR_PREFECT_UI_URL or PREFECT_UI_URL. Gaps in the ledger and requests that ran without a run row are listed too (kind gap / unrecorded). Exit codes: 0 done; 1 the ledger could not be read.
+    The ledger is STORAGE_MIGRATOR_DATABASE_URL; flow-run links need STORAGE_MIGRATOR_PREFECT_UI_URL or PREFECT_UI_URL. Gaps in the ledger and requests that ran without a run row are listed too (kind gap / unrecorded). The default cluster's runs, --cluster NAME's, or --all-clusters (every cluster in the ledger, with a CLUSTER column). Exit codes: 0 done; 1 the ledger could not be read.
     """
+    scope = scope_of(ctx, cluster, all_clusters)
     settings = settings_of(ctx)
     after = parse_since(since, now=datetime.now(UTC)) if since else None
     name = resource.lower() if resource else None
     try:
         engine = ledger_engine(settings.database_url)
-        runs = queries.history(engine, resource=name, since=after, ui_url=settings.prefect_ui_url, limit=limit)
-        gaps = queries.gaps(engine, since=after)
-        recorded = queries.recorded_uids(engine)
+        runs = queries.history(engine, cluster=scope.cluster, resource=name, since=after,
+                               ui_url=settings.prefect_ui_url, limit=limit)  # fmt: skip
+        gaps = queries.gaps(engine, cluster=scope.cluster, since=after)
+        names = [scope.cluster] if scope.cluster is not None else queries.clusters(engine)
+        recorded = {n: queries.recorded_uids(engine, cluster=n) for n in names}
     except Exception as exc:
         print(f"storage-migrator: the ledger at {display_url(settings.database_url)!r} could not be read: {exc}",
               file=sys.stderr)  # fmt: skip
         raise typer.Exit(1) from exc
-    requests = _requests(ctx) if cluster else None
-    phases = None if requests is None else {m.metadata.uid or "": phase_from_conditions(m.status.conditions)
-                                            for m in requests}  # fmt: skip
-    rows: list[dict[str, Any]] = [{"kind": "run", **r.model_dump()} for r in queries.settle_open_runs(runs, phases)]
+    rows: list[dict[str, Any]] = []
+    for each in names:  # each cluster's runs are settled against that cluster's own requests
+        found = _requests(ctx, each) if requests else None
+        phases = None if found is None else {m.metadata.uid or "": phase_from_conditions(m.status.conditions)
+                                             for m in found}  # fmt: skip
+        mine = [r for r in runs if r.cluster == each]
+        rows += [{"kind": "run", **r.model_dump()} for r in queries.settle_open_runs(mine, phases)]
+        rows += _unrecorded(each, found, recorded[each], name, after) if found is not None else []
     rows += [_gap_row(g) for g in gaps if not name or not g.resources or name in g.resources]
-    rows += _unrecorded(requests, recorded, name, after) if requests is not None else []
     rows.sort(key=lambda r: r["started_at"] or r["finished_at"] or datetime.min.replace(tzinfo=UTC), reverse=True)
     for row in rows:
         if row["kind"] != "run" or row["outcome"] == "unknown":
             print(f"warning: {row['message']}", file=sys.stderr)
     data = [{k: (v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v) for k, v in r.items()}
             for r in rows]  # fmt: skip
-    emit(output, data, lambda: _table(rows))
+    emit(output, data, lambda: _table(rows, clusters=scope.all))

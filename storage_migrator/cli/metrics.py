@@ -2,7 +2,9 @@
 
 Issue 12, item 3: every value is computed at scrape time by
 `storage_migrator.operations.metrics.MigratorCollector`, so one metrics server counts the
-work of every worker. It serves until interrupted (Ctrl-C, SIGTERM).
+work of every worker. It serves until interrupted (Ctrl-C, SIGTERM). Issue 20:
+one cluster's series (each labelled `cluster`), or with `--all-clusters` those of
+every cluster in the ledger, each cluster's requests read through its own credentials.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from typing import Annotated
 import typer
 from prometheus_client import CollectorRegistry, start_http_server
 
-from storage_migrator.cli.options import kube_api, settings_of
+from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, scope_of
+from storage_migrator.cli.options import settings_of
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import StorageVersionMigration
 from storage_migrator.operations.metrics import MigratorCollector
@@ -27,20 +30,24 @@ def command(
     ctx: typer.Context,
     port: Annotated[int, typer.Option(min=1, max=65535, help="TCP port to serve /metrics on")] = 9309,
     address: Annotated[str, typer.Option(help="address to listen on (0.0.0.0: every interface)")] = "0.0.0.0",
-    cluster: Annotated[bool, typer.Option(help="also read the cluster's StorageVersionMigrations")] = True,
+    requests: Annotated[bool, typer.Option(help="also read the clusters' StorageVersionMigrations")] = True,
+    cluster: ClusterOption = None,
+    all_clusters: AllClustersOption = False,
 ) -> None:
     """Serve Prometheus metrics on http://ADDRESS:PORT/metrics, computed from the ledger and the cluster at each scrape.
 
-    See docs/observability.md for the metrics and example PromQL. Runs until interrupted; exit code 0.
+    Every series is labelled with its cluster: the default cluster's, --cluster NAME's (a KubernetesClusterConfig block), or --all-clusters (every cluster in the ledger, read again at each scrape). See docs/observability.md for the metrics and example PromQL. Runs until interrupted; exit code 0.
     """
+    scope = scope_of(ctx, cluster, all_clusters)
     settings = settings_of(ctx)
 
-    def list_requests() -> list[StorageVersionMigration]:
-        with kube_api(settings) as api:
+    def list_requests(name: str) -> list[StorageVersionMigration]:
+        with connect(ctx, name) as api:
             return list_migrations(api)
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MigratorCollector(settings.database_url, list_requests if cluster else None))
+    clusters = None if scope.cluster is None else [scope.cluster]
+    registry.register(MigratorCollector(settings.database_url, list_requests if requests else None, clusters=clusters))
     server, thread = start_http_server(port, addr=address, registry=registry)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -3,17 +3,20 @@
 Issue 12 item 2. The same observation (storage_migrator/detection/observation.py) and the
 same decisions (storage_migrator/detection/poll.py) as the detect-storage-changes
 poll, with the same settings; nothing is written. The actions carry our own
-objects' names and hashes only, never a migrated object's data.
+objects' names and hashes only, never a migrated object's data. Issue 20: of
+one cluster, or of every cluster with a CLUSTER column.
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import typer
 
-from storage_migrator.cli.options import kube_api, settings_of
+from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, recorded_clusters, scope_of
+from storage_migrator.cli.options import settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.detection.actions import (
     Action,
@@ -26,6 +29,8 @@ from storage_migrator.detection.actions import (
 from storage_migrator.detection.changes import is_heartbeat
 from storage_migrator.detection.observation import observe_cluster
 from storage_migrator.detection.poll import plan_poll
+from storage_migrator.fleet.names import DEFAULT_CLUSTER
+from storage_migrator.kube.connection import ConnectionConfigError
 from storage_migrator.models import MIGRATIONS_KIND_NAME, STATES_KIND_NAME
 
 __all__ = ["command"]
@@ -44,26 +49,85 @@ def target(action: Action) -> str:
     raise TypeError(f"unknown action {action!r}")  # pragma: no cover - the union is closed
 
 
-def command(ctx: typer.Context, output: Output = OutputFormat.table) -> None:
-    """What the next detection poll would do, without doing it: its actions, in order.
+@dataclass(frozen=True)
+class _Plan:
+    """One cluster's plan as the command prints it."""
 
-    The table lists the actions that change something and counts the StorageStates whose heartbeat alone is written ("nothing to do" when that is all); -o json / yaml list every action. The same observation and decisions as the detect-storage-changes poll (seed 000; retention of finished requests), with the same STORAGE_MIGRATOR_* settings (include/exclude, settle delay, poll period, retention); nothing is written. Exit codes: 0 done; 1 the cluster could not be read.
-    """
+    cluster: str
+    actions: list[Action]
+    rows: list[list[str]]
+    heartbeats: int
+
+
+def _plan(ctx: typer.Context, cluster: str, *, named: bool) -> _Plan:
+    """What the next poll of `cluster` would do; warnings on stderr name the cluster when several are planned."""
     settings = settings_of(ctx)
-    with kube_api(settings) as api:
+    with connect(ctx, cluster) as api:
         seen = observe_cluster(api, settings)
+    where = f"cluster {cluster!r}: " if named else ""
     if seen.failed_group_versions:
-        print(f"warning: discovery incomplete ({', '.join(seen.failed_group_versions)}): the poll leaves "
+        print(f"warning: {where}discovery incomplete ({', '.join(seen.failed_group_versions)}): the poll leaves "
               "those resources for the next one", file=sys.stderr)  # fmt: skip
     for server, why in seen.unheard.items():
-        print(f"warning: API server {server} not heard: {why}", file=sys.stderr)
+        print(f"warning: {where}API server {server} not heard: {why}", file=sys.stderr)
     plan = plan_poll(seen, settings, now=datetime.now(UTC))
     states = {s.metadata.name: s for s in seen.states}
     # The table is for people: a write of nothing but heartbeats is counted, not listed (JSON / YAML list it).
     beats = {id(a) for a in plan.of_kind(UpdateState) if is_heartbeat(a, states.get(a.name))}
     rows = [[a.kind, target(a), a.reason] for a in plan.actions if id(a) not in beats]
-    emit(output, [a.model_dump(mode="json") for a in plan.actions],
-         lambda: _table(rows, heartbeats=len(beats)))  # fmt: skip
+    return _Plan(cluster=cluster, actions=list(plan.actions), rows=rows, heartbeats=len(beats))
+
+
+def command(
+    ctx: typer.Context,
+    cluster: ClusterOption = None,
+    all_clusters: AllClustersOption = False,
+    output: Output = OutputFormat.table,
+) -> None:
+    """What the next detection poll would do, without doing it: its actions, in order.
+
+    The table lists the actions that change something and counts the StorageStates whose heartbeat alone is written ("nothing to do" when that is all); -o json / yaml list every action. The same observation and decisions as the detect-storage-changes poll (seed 000; retention of finished requests), with the same STORAGE_MIGRATOR_* settings (include/exclude, settle delay, poll period, retention); nothing is written. Of the default cluster, --cluster NAME (a KubernetesClusterConfig block), or --all-clusters (default and every cluster a run recorded, with a CLUSTER column). Exit codes: 0 done; 1 a cluster could not be read (with --all-clusters the others are still planned).
+    """
+    scope = scope_of(ctx, cluster, all_clusters)
+    if scope.cluster is not None:
+        plans = [_plan(ctx, scope.cluster, named=False)]
+        failed: list[str] = []
+    else:
+        plans, failed = _fleet(ctx)
+    for why in failed:
+        print(f"storage-migrator: {why}", file=sys.stderr)
+    data = [{"cluster": p.cluster, **a.model_dump(mode="json")} for p in plans for a in p.actions]
+    emit(
+        output,
+        data,
+        lambda: _fleet_table(plans) if scope.all else _table(plans[0].rows, heartbeats=plans[0].heartbeats),
+    )
+    if failed:
+        raise typer.Exit(1)
+
+
+def _fleet(ctx: typer.Context) -> tuple[list[_Plan], list[str]]:
+    """Every cluster's plan, and why each cluster that could not be read was not (the others are still planned)."""
+    failed: list[str] = []
+    try:
+        names = recorded_clusters()
+    except ConnectionConfigError as exc:
+        names, failed = [DEFAULT_CLUSTER], [str(exc)]
+    plans = []
+    for name in names:
+        try:
+            plans.append(_plan(ctx, name, named=True))
+        except Exception as exc:  # noqa: BLE001 - one cluster's failure is reported, the others are planned
+            failed.append(f"cluster {name!r} could not be read: {exc}")
+    return plans, failed
+
+
+def _fleet_table(plans: list[_Plan]) -> str:
+    """Every cluster's actions with a CLUSTER column, then each cluster's heartbeat-only count."""
+    rows = [[p.cluster, *row] for p in plans for row in p.rows]
+    beats = [f"{p.cluster}: {p.heartbeats} StorageState(s) unchanged: heartbeat only" for p in plans if p.heartbeats]
+    head = render_table(["CLUSTER", "ACTION", "OBJECT", "REASON"], rows) if rows else "nothing to do"
+    return "\n".join([head, *beats])
 
 
 def _table(rows: list[list[str]], *, heartbeats: int) -> str:

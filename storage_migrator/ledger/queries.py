@@ -4,6 +4,8 @@ Design decision: every query returns pydantic models with stable field names,
 which `storage-migrator history -o json` prints as they are (docs/observability.md
 documents them). A run is its start row joined with its outcome row in Python
 (the two are appended independently, so either may be missing after an outage).
+Every query takes `cluster` (issue 20): one cluster's rows, or with None every
+cluster's, each row saying its own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from sqlalchemy import func, select, union
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -28,6 +30,7 @@ __all__ = [
     "RunHistory",
     "StateChangeEntry",
     "UnrecordedMigration",
+    "clusters",
     "finished_durations",
     "gaps",
     "history",
@@ -47,6 +50,7 @@ class RunHistory(BaseModel):
     """One migration run as `history` shows it (JSON keys are stable: docs/observability.md)."""
 
     run_id: str
+    cluster: str = Field(description="The KubernetesClusterConfig block's name, or default (issue 20).")
     migration: str
     migration_uid: str
     resource: str
@@ -86,6 +90,7 @@ class Gap(BaseModel):
     rows_lost: int
     kinds: dict[str, int]
     resources: list[str]
+    clusters: list[str] = Field(description="The clusters of the lost rows (a writer serves every cluster).")
     reason: str
 
 
@@ -104,6 +109,7 @@ class StateChangeEntry(BaseModel):
     """One StorageState created or changed by detection: which hashes may be in etcd, before and after."""
 
     recorded_at: datetime
+    cluster: str
     state: str
     action: str
     old_current_hash: str | None
@@ -117,6 +123,7 @@ class StateChangeEntry(BaseModel):
 class ObjectCounts(BaseModel):
     """Objects handled per resource and outcome, summed over every chunk every worker recorded."""
 
+    cluster: str
     resource: str
     outcome: str
     objects: int
@@ -139,7 +146,7 @@ def _merge(start: RunRow | None, end: RunOutcomeRow | None, ui_url: str | None) 
     duration = (end.finished_at - start.started_at).total_seconds() if start and end else None
     counters = {name: getattr(end, name) if end else 0 for name in ("listed", *OUTCOME_COUNTERS)}
     return RunHistory(
-        run_id=first.run_id, migration=first.migration, migration_uid=first.migration_uid, resource=first.resource,
+        run_id=first.run_id, cluster=first.cluster, migration=first.migration, migration_uid=first.migration_uid, resource=first.resource,
         version=start.version if start else None,
         target_storage_version_hash=start.target_storage_version_hash if start else None,
         encryption_key=start.encryption_key if start else None,
@@ -158,6 +165,7 @@ def _merge(start: RunRow | None, end: RunOutcomeRow | None, ui_url: str | None) 
 def history(
     engine: Engine,
     *,
+    cluster: str | None = None,
     resource: str | None = None,
     since: datetime | None = None,
     ui_url: str | None = None,
@@ -166,6 +174,8 @@ def history(
     """Runs newest first: those started (or, start row lost, finished) since `since`, of `resource` if given."""
     with Session(engine) as session:
         runs = select(RunRow).order_by(RunRow.started_at.desc()).limit(limit)
+        if cluster is not None:
+            runs = runs.where(RunRow.cluster == cluster)
         if resource:
             runs = runs.where(RunRow.resource == resource)
         if since:
@@ -174,6 +184,8 @@ def history(
         outcomes = select(RunOutcomeRow).where(RunOutcomeRow.run_id.in_(starts)) if starts else None
         ends = {row.run_id: row for row in session.scalars(outcomes)} if outcomes is not None else {}
         orphans = select(RunOutcomeRow).where(RunOutcomeRow.run_id.not_in(select(RunRow.run_id)))
+        if cluster is not None:
+            orphans = orphans.where(RunOutcomeRow.cluster == cluster)
         if resource:
             orphans = orphans.where(RunOutcomeRow.resource == resource)
         if since:
@@ -185,39 +197,45 @@ def history(
     return out[:limit]
 
 
-def gaps(engine: Engine, *, since: datetime | None = None) -> list[Gap]:
+def gaps(engine: Engine, *, cluster: str | None = None, since: datetime | None = None) -> list[Gap]:
+    """Gaps, newest first; of `cluster`: those that lost a row of it, or of no cluster (a gap of only gap rows)."""
     with Session(engine) as session:
         query = select(GapRow).order_by(GapRow.recorded_at.desc())
         if since:
             query = query.where(GapRow.last_lost_at >= since)
-        return [Gap(recorded_at=g.recorded_at, first_lost_at=g.first_lost_at, last_lost_at=g.last_lost_at,
-                    rows_lost=g.rows_lost, kinds=json.loads(g.kinds), resources=json.loads(g.resources),
-                    reason=g.reason) for g in session.scalars(query)]  # fmt: skip
+        found = [Gap(recorded_at=g.recorded_at, first_lost_at=g.first_lost_at, last_lost_at=g.last_lost_at,
+                     rows_lost=g.rows_lost, kinds=json.loads(g.kinds), resources=json.loads(g.resources),
+                     clusters=json.loads(g.clusters), reason=g.reason) for g in session.scalars(query)]  # fmt: skip
+    return [g for g in found if cluster is None or not g.clusters or cluster in g.clusters]
 
 
-def state_changes(engine: Engine, *, state: str | None = None, since: datetime | None = None) -> list[StateChangeEntry]:
+def state_changes(
+    engine: Engine, *, cluster: str | None = None, state: str | None = None, since: datetime | None = None
+) -> list[StateChangeEntry]:
     """StorageState changes, oldest first (the order they happened in)."""
     with Session(engine) as session:
         query = select(StateChangeRow).order_by(StateChangeRow.recorded_at, StateChangeRow.id)
+        if cluster is not None:
+            query = query.where(StateChangeRow.cluster == cluster)
         if state:
             query = query.where(StateChangeRow.state == state)
         if since:
             query = query.where(StateChangeRow.recorded_at >= since)
-        return [StateChangeEntry(recorded_at=r.recorded_at, state=r.state, action=r.action,
+        return [StateChangeEntry(recorded_at=r.recorded_at, cluster=r.cluster, state=r.state, action=r.action,
                                  old_current_hash=r.old_current_hash, new_current_hash=r.new_current_hash,
                                  old_persisted=json.loads(r.old_persisted), new_persisted=json.loads(r.new_persisted),
                                  reason=r.reason, flow_run_id=r.flow_run_id) for r in session.scalars(query)]  # fmt: skip
 
 
-def last_full_migration(engine: Engine, resource: str, *, ui_url: str | None = None) -> RunHistory | None:
+def last_full_migration(
+    engine: Engine, resource: str, *, cluster: str | None = None, ui_url: str | None = None
+) -> RunHistory | None:
     """DESIGN 4.9: "when was this resource last fully migrated, and to which version"."""
     with Session(engine) as session:
-        end = session.scalars(
-            select(RunOutcomeRow)
-            .where(RunOutcomeRow.resource == resource, RunOutcomeRow.outcome == "succeeded")
-            .order_by(RunOutcomeRow.finished_at.desc())
-            .limit(1)
-        ).first()
+        query = select(RunOutcomeRow).where(RunOutcomeRow.resource == resource, RunOutcomeRow.outcome == "succeeded")
+        if cluster is not None:
+            query = query.where(RunOutcomeRow.cluster == cluster)
+        end = session.scalars(query.order_by(RunOutcomeRow.finished_at.desc()).limit(1)).first()
         if end is None:
             return None
         return _merge(session.get(RunRow, end.run_id), end, ui_url)
@@ -279,33 +297,50 @@ def unrecorded_migrations(
     return sorted(out, key=lambda u: u.started_at or datetime.min, reverse=True)
 
 
-def recorded_uids(engine: Engine) -> set[str]:
+def recorded_uids(engine: Engine, *, cluster: str | None = None) -> set[str]:
     """The uid of every request that has a run row."""
+    query = select(RunRow.migration_uid).distinct()
+    if cluster is not None:
+        query = query.where(RunRow.cluster == cluster)
     with Session(engine) as session:
-        return set(session.scalars(select(RunRow.migration_uid).distinct()))
+        return set(session.scalars(query))
 
 
-def object_counts(engine: Engine) -> list[ObjectCounts]:
-    """storage_migrator_objects_total: every chunk's counters, per resource and outcome."""
+def clusters(engine: Engine) -> list[str]:
+    """Every cluster the ledger has a row of (runs, outcomes, chunks, StorageState changes, polls), sorted."""
+    tables = (RunRow, RunOutcomeRow, ChunkRow, StateChangeRow, PollRow)
+    with Session(engine) as session:
+        return sorted(set(session.scalars(union(*(select(t.cluster).distinct() for t in tables)))))
+
+
+def object_counts(engine: Engine, *, cluster: str | None = None) -> list[ObjectCounts]:
+    """storage_migrator_objects_total: every chunk's counters, per cluster, resource and outcome."""
     sums = [func.coalesce(func.sum(getattr(ChunkRow, name)), 0) for name in OUTCOME_COUNTERS]
+    query = select(ChunkRow.cluster, ChunkRow.resource, *sums).group_by(ChunkRow.cluster, ChunkRow.resource)
+    if cluster is not None:
+        query = query.where(ChunkRow.cluster == cluster)
     with Session(engine) as session:
-        rows = session.execute(select(ChunkRow.resource, *sums).group_by(ChunkRow.resource)).all()
-    return [ObjectCounts(resource=row[0], outcome=name, objects=int(row[i + 1]))
+        rows = session.execute(query).all()
+    return [ObjectCounts(cluster=row[0], resource=row[1], outcome=name, objects=int(row[i + 2]))
             for row in rows for i, name in enumerate(OUTCOME_COUNTERS)]  # fmt: skip
 
 
-def finished_durations(engine: Engine) -> list[float]:
+def finished_durations(engine: Engine, *, cluster: str | None = None) -> list[float]:
     """Seconds from start to end of every run with both rows (storage_migrator_migration_duration_seconds)."""
+    query = select(RunRow.started_at, RunOutcomeRow.finished_at).join(
+        RunOutcomeRow, RunOutcomeRow.run_id == RunRow.run_id
+    )
+    if cluster is not None:
+        query = query.where(RunRow.cluster == cluster)
     with Session(engine) as session:
-        rows = session.execute(
-            select(RunRow.started_at, RunOutcomeRow.finished_at).join(
-                RunOutcomeRow, RunOutcomeRow.run_id == RunRow.run_id
-            )
-        ).all()
+        rows = session.execute(query).all()
     return [max(0.0, (end - start).total_seconds()) for start, end in rows]
 
 
-def last_poll(engine: Engine) -> LastPoll | None:
+def last_poll(engine: Engine, *, cluster: str | None = None) -> LastPoll | None:
+    query = select(PollRow).order_by(PollRow.finished_at.desc()).limit(1)
+    if cluster is not None:
+        query = query.where(PollRow.cluster == cluster)
     with Session(engine) as session:
-        row = session.scalars(select(PollRow).order_by(PollRow.finished_at.desc()).limit(1)).first()
+        row = session.scalars(query).first()
         return LastPoll(finished_at=row.finished_at, duration_seconds=row.duration_seconds) if row else None

@@ -3,7 +3,8 @@
 Design decision (issue 12, PREFECT.md "Costs"): the flow records in-process,
 with no task run of its own: start, each chunk after its checkpoint, the
 outcome. Every method only queues a row (`LedgerWriter.submit`), so a ledger
-outage never fails or slows a migration.
+outage never fails or slows a migration. Every row of the run names the
+cluster it ran on (issue 20), given once to `begin`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+from storage_migrator.fleet.names import DEFAULT_CLUSTER
 from storage_migrator.ledger.records import (
     ChunkRecord,
     LedgerRecord,
@@ -87,11 +89,12 @@ class RunRecorder:
         encryption_key: str | None,
         requested_by: str,
         flow_run_id: str | None,
+        cluster: str = DEFAULT_CLUSTER,
     ) -> RunRecorder:
-        start = RunStarted(run_id=str(uuid.uuid4()), migration=migration, migration_uid=migration_uid,
-                           resource=resource, version=version, target_storage_version_hash=target_hash or None,
-                           encryption_key=encryption_key, requested_by=requested_by, flow_run_id=flow_run_id,
-                           started_at=_now())  # fmt: skip
+        start = RunStarted(run_id=str(uuid.uuid4()), cluster=cluster, migration=migration,
+                           migration_uid=migration_uid, resource=resource, version=version,
+                           target_storage_version_hash=target_hash or None, encryption_key=encryption_key,
+                           requested_by=requested_by, flow_run_id=flow_run_id, started_at=_now())  # fmt: skip
         return cls(writer, start)
 
     def _queue(self, build: Callable[[], LedgerRecord]) -> None:
@@ -114,11 +117,11 @@ class RunRecorder:
         self.chunks += 1
         self.progress = progress
         self._queue(lambda: ChunkRecord(
-            run_id=self.start.run_id, resource=self.start.resource, sequence=self.chunks,
-            token_in=result.token_in, token_out=result.token_out, listed=result.listed, rewritten=result.rewritten,
-            unchanged=result.unchanged, gone=result.gone, conflicted=result.conflicted, failed=result.failed,
-            retries=result.retries, relisted=result.relisted, duration_seconds=max(0.0, duration_seconds),
-            recorded_at=_now(),
+            run_id=self.start.run_id, cluster=self.start.cluster, resource=self.start.resource,
+            sequence=self.chunks, token_in=result.token_in, token_out=result.token_out, listed=result.listed,
+            rewritten=result.rewritten, unchanged=result.unchanged, gone=result.gone,
+            conflicted=result.conflicted, failed=result.failed, retries=result.retries, relisted=result.relisted,
+            duration_seconds=max(0.0, duration_seconds), recorded_at=_now(),
         ))  # fmt: skip
 
     def ended(
@@ -130,10 +133,10 @@ class RunRecorder:
         self.finished = True
         self.started(resumed=False)
         self._queue(lambda: RunFinished(
-            run_id=self.start.run_id, migration=self.start.migration, migration_uid=self.start.migration_uid,
-            resource=self.start.resource, finished_at=_now(), outcome=outcome, reason=reason[:128],
-            message=message[:4000], listed=progress.listed, rewritten=progress.rewritten,
-            unchanged=progress.unchanged, gone=progress.gone, conflicted=progress.conflicted,
-            failed=progress.failed, chunks=progress.chunks, passes=max(1, passes),
+            run_id=self.start.run_id, cluster=self.start.cluster, migration=self.start.migration,
+            migration_uid=self.start.migration_uid, resource=self.start.resource, finished_at=_now(),
+            outcome=outcome, reason=reason[:128], message=message[:4000], listed=progress.listed,
+            rewritten=progress.rewritten, unchanged=progress.unchanged, gone=progress.gone,
+            conflicted=progress.conflicted, failed=progress.failed, chunks=progress.chunks, passes=max(1, passes),
             encryption_config_hash=self.encryption_config_hash, server_check=self.server_check,
         ))  # fmt: skip

@@ -4,17 +4,19 @@ Design decision: the flows and tasks build these plain values (validated where
 they are made, so a bad value fails in a test, not in a background thread),
 and only the writer turns them into ORM rows, in its own thread and session.
 Names, tokens, hashes and counters only: there is no field an object body fits
-in (DESIGN 8).
+in (DESIGN 8). Every record of a run or a poll names its cluster (issue 20),
+the environment's (`default`) unless told.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.fleet.names import DEFAULT_CLUSTER
 from storage_migrator.ledger.schema import Base, ChunkRow, PollRow, RunOutcomeRow, RunRow, StateChangeRow
 
 __all__ = ["ChunkRecord", "LedgerRecord", "Outcome", "PollRecord", "RunFinished", "RunStarted", "StateChange"]
@@ -41,6 +43,15 @@ class LedgerRecord(BaseModel):
         """The resource the row is about, if any (listed in a gap row)."""
         return getattr(self, "resource", None)
 
+    @property
+    def cluster_name(self) -> str | None:
+        """The cluster the row is about, if any (listed in a gap row)."""
+        return getattr(self, "cluster", None)
+
+
+#: A KubernetesClusterConfig block's name, or `default` (storage_migrator/fleet/names.py).
+Cluster = Annotated[str, Field(min_length=1, max_length=253)]
+
 
 class Counted(LedgerRecord):
     listed: int = Field(default=0, ge=0)
@@ -55,6 +66,7 @@ class RunStarted(LedgerRecord):
     kind: ClassVar[str] = "run"
     table: ClassVar[type[Base]] = RunRow
 
+    cluster: Cluster = DEFAULT_CLUSTER
     run_id: str
     migration: str
     migration_uid: str
@@ -72,6 +84,7 @@ class RunFinished(Counted):
     kind: ClassVar[str] = "outcome"
     table: ClassVar[type[Base]] = RunOutcomeRow
 
+    cluster: Cluster = DEFAULT_CLUSTER
     run_id: str
     migration: str
     migration_uid: str
@@ -90,6 +103,7 @@ class ChunkRecord(Counted):
     kind: ClassVar[str] = "chunk"
     table: ClassVar[type[Base]] = ChunkRow
 
+    cluster: Cluster = DEFAULT_CLUSTER
     run_id: str
     resource: str
     sequence: int = Field(ge=1)
@@ -105,6 +119,7 @@ class StateChange(LedgerRecord):
     kind: ClassVar[str] = "state_change"
     table: ClassVar[type[Base]] = StateChangeRow
 
+    cluster: Cluster = DEFAULT_CLUSTER
     recorded_at: datetime
     state: str = Field(description="The StorageState's name: `<resource>.<group>` or `<resource>`.")
     action: Literal["created", "updated"]
@@ -130,6 +145,7 @@ class PollRecord(LedgerRecord):
     kind: ClassVar[str] = "poll"
     table: ClassVar[type[Base]] = PollRow
 
+    cluster: Cluster = DEFAULT_CLUSTER
     started_at: datetime
     finished_at: datetime
     duration_seconds: float = Field(ge=0)

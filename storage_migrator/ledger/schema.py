@@ -8,6 +8,11 @@ foreign key: when the database was down at a run's start, its chunks and
 outcome still land (the gap is recorded in `ledger_gaps`). Tokens and counters
 only, never object contents (DESIGN 8).
 
+Issue 20 (revision r0003): one ledger holds the history of a fleet, so every
+row that belongs to one cluster says which (`cluster`: the KubernetesClusterConfig
+block's name, or `default`); rows written before are the environment's cluster.
+Each table's queries filter by cluster first, so the cluster leads its index.
+
 Changing a table means a new Alembic revision in `schema_migrations/versions/`.
 """
 
@@ -16,12 +21,24 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Float, Integer, String, Text
+from sqlalchemy import DateTime, Float, Index, Integer, String, Text
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-__all__ = ["Base", "ChunkRow", "GapRow", "PollRow", "RunOutcomeRow", "RunRow", "StateChangeRow", "UtcDateTime"]
+from storage_migrator.fleet.names import DEFAULT_CLUSTER
+
+__all__ = [
+    "Base",
+    "ChunkRow",
+    "GapRow",
+    "PerCluster",
+    "PollRow",
+    "RunOutcomeRow",
+    "RunRow",
+    "StateChangeRow",
+    "UtcDateTime",
+]
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -44,6 +61,10 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+#: The clusters of a gap row written before r0003: a ledger had one cluster then.
+DEFAULT_CLUSTERS_JSON = f'["{DEFAULT_CLUSTER}"]'
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -59,10 +80,17 @@ class Counters:
     failed: Mapped[int] = mapped_column(Integer, default=0)
 
 
-class RunRow(Base):
+class PerCluster:
+    """The cluster a row belongs to (issue 20): rows from before r0003 are the environment's cluster."""
+
+    cluster: Mapped[str] = mapped_column(String(253), default=DEFAULT_CLUSTER, server_default=DEFAULT_CLUSTER)
+
+
+class RunRow(PerCluster, Base):
     """One migration run (one flow run of migrate-resource), written when it starts."""
 
     __tablename__ = "migration_runs"
+    __table_args__ = (Index("ix_migration_runs_cluster_started_at", "cluster", "started_at"),)
 
     run_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     migration: Mapped[str] = mapped_column(String(253), index=True)
@@ -77,10 +105,11 @@ class RunRow(Base):
     resumed_from_token: Mapped[bool] = mapped_column(default=False)
 
 
-class RunOutcomeRow(Counters, Base):
+class RunOutcomeRow(PerCluster, Counters, Base):
     """How a run ended, written when it ends (the run's identity is repeated: see the module docstring)."""
 
     __tablename__ = "run_outcomes"
+    __table_args__ = (Index("ix_run_outcomes_cluster_finished_at", "cluster", "finished_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(String(36), index=True)
@@ -99,10 +128,11 @@ class RunOutcomeRow(Counters, Base):
     server_check: Mapped[str | None] = mapped_column(String(16), default=None)
 
 
-class ChunkRow(Counters, Base):
+class ChunkRow(PerCluster, Counters, Base):
     """One settled chunk of a run, written after its checkpoint: tokens and counters only."""
 
     __tablename__ = "migration_chunks"
+    __table_args__ = (Index("ix_migration_chunks_cluster_resource", "cluster", "resource"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     run_id: Mapped[str] = mapped_column(String(36), index=True)
@@ -116,10 +146,11 @@ class ChunkRow(Counters, Base):
     recorded_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
-class StateChangeRow(Base):
+class StateChangeRow(PerCluster, Base):
     """One StorageState created or updated by a detection poll."""
 
     __tablename__ = "state_changes"
+    __table_args__ = (Index("ix_state_changes_cluster_recorded_at", "cluster", "recorded_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     recorded_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
@@ -133,10 +164,11 @@ class StateChangeRow(Base):
     flow_run_id: Mapped[str | None] = mapped_column(String(36))
 
 
-class PollRow(Base):
+class PollRow(PerCluster, Base):
     """One detection poll: what it saw and did."""
 
     __tablename__ = "detection_polls"
+    __table_args__ = (Index("ix_detection_polls_cluster_finished_at", "cluster", "finished_at"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     started_at: Mapped[datetime] = mapped_column(UtcDateTime())
@@ -161,4 +193,6 @@ class GapRow(Base):
     rows_lost: Mapped[int] = mapped_column(Integer)
     kinds: Mapped[str] = mapped_column(Text)
     resources: Mapped[str] = mapped_column(Text, default="[]")
+    #: Issue 20 (r0003): the clusters of the lost rows (a writer serves every cluster of its process), as JSON.
+    clusters: Mapped[str] = mapped_column(Text, default=DEFAULT_CLUSTERS_JSON, server_default=DEFAULT_CLUSTERS_JSON)
     reason: Mapped[str] = mapped_column(Text)

@@ -55,6 +55,7 @@ class Lost:
 
     kinds: Counter[str] = field(default_factory=Counter)
     resources: set[str] = field(default_factory=set)
+    clusters: set[str] = field(default_factory=set)
     first: datetime | None = None
     last: datetime | None = None
     reason: str = ""
@@ -68,12 +69,14 @@ class Lost:
             self.kinds[record.kind] += 1
             if record.resource_name:
                 self.resources.add(record.resource_name)
+            if record.cluster_name:
+                self.clusters.add(record.cluster_name)
 
     def merged(self, newer: Lost) -> Lost:
         """These rows and the `newer` ones, as one gap."""
         return Lost(kinds=self.kinds + newer.kinds, resources=self.resources | newer.resources,
-                    first=self.first or newer.first, last=newer.last or self.last,
-                    reason=newer.reason or self.reason)  # fmt: skip
+                    clusters=self.clusters | newer.clusters, first=self.first or newer.first,
+                    last=newer.last or self.last,                    reason=newer.reason or self.reason)  # fmt: skip
 
     @property
     def count(self) -> int:
@@ -83,7 +86,8 @@ class Lost:
         assert self.first is not None and self.last is not None
         return GapRow(recorded_at=datetime.now(UTC), first_lost_at=self.first, last_lost_at=self.last,
                       rows_lost=self.count, kinds=json.dumps(dict(sorted(self.kinds.items()))),
-                      resources=json.dumps(sorted(self.resources)), reason=self.reason[:1000])  # fmt: skip
+                      resources=json.dumps(sorted(self.resources)), clusters=json.dumps(sorted(self.clusters)),
+                      reason=self.reason[:1000])  # fmt: skip
 
 
 def _transient(exc: BaseException) -> bool:

@@ -83,12 +83,14 @@ def test_status_lists_each_resource_with_its_last_migration(
     assert slow - 0.01 <= secrets.pop("rate") <= fast + 0.01
     assert 700 / fast - 1 <= secrets.pop("eta_seconds") <= 700 / slow + 1
     assert secrets == {
-        "resource": "secrets", "group": "", "current_hash": "hS2", "persisted_hashes": ["hS1", "hS2"],
+        "cluster": "default", "resource": "secrets", "group": "", "current_hash": "hS2",
+        "persisted_hashes": ["hS1", "hS2"],
         "migration": "secrets-2", "phase": "Running", "target_hash": "hS2", "listed": 300, "remaining": 700,
         "started_at": format_time(running_since), "finished_at": None,
     }  # fmt: skip
     assert by_name[("", "configmaps")] == {
-        "resource": "configmaps", "group": "", "current_hash": "hC1", "persisted_hashes": ["hC1"],
+        "cluster": "default", "resource": "configmaps", "group": "", "current_hash": "hC1",
+        "persisted_hashes": ["hC1"],
         "migration": "configmaps-a", "phase": "Succeeded", "target_hash": "hC1", "listed": 1000, "remaining": None,
         "started_at": format_time(started), "finished_at": format_time(done), "rate": 20.0, "eta_seconds": None,
     }  # fmt: skip

@@ -32,6 +32,7 @@ from kubesim.etcd import prefix_end
 from storage_migrator.agreement.apiservers import observe_server_configs
 from storage_migrator.cli import main
 from storage_migrator.conditions import phase_from_conditions
+from storage_migrator.fleet.names import DEFAULT_CLUSTER
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.ledger import queries
@@ -51,7 +52,7 @@ GROUP, VERSION = "migration.k8s.io", "v1alpha1"
 CRONJOBS_V1 = "sd5LIXh4Fjs="  # as kube-apiserver computes it (test_detection_lifecycle.py)
 #: docs/observability.md: the keys of every object `history -o json` prints.
 HISTORY_KEYS = {
-    "kind", "run_id", "migration", "migration_uid", "resource", "version", "target_storage_version_hash",
+    "kind", "run_id", "cluster", "migration", "migration_uid", "resource", "version", "target_storage_version_hash",
     "encryption_key", "requested_by", "flow_run_id", "flow_run_url", "started_at", "finished_at",
     "duration_seconds", "outcome", "reason", "message", "listed", "rewritten", "unchanged", "gone", "conflicted",
     "failed", "chunks", "passes", "encryption_config_hash", "server_check",
@@ -300,17 +301,20 @@ def test_metrics_scraped_equal_the_ledger_and_the_cluster(
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(body) for s in family.samples}  # fmt: skip
 
-    assert samples[("storage_migrator_up", (("source", "ledger"),))] == 1
-    assert samples[("storage_migrator_up", (("source", "cluster"),))] == 1
+    here = ("cluster", DEFAULT_CLUSTER)  # issue 20: every series says its cluster
+    assert samples[("storage_migrator_up", (here, ("source", "ledger")))] == 1
+    assert samples[("storage_migrator_up", (here, ("source", "cluster")))] == 1
     for row in queries.object_counts(engine):
-        key = ("storage_migrator_objects_total", (("outcome", row.outcome), ("resource", row.resource)))
+        key = ("storage_migrator_objects_total", (here, ("outcome", row.outcome), ("resource", row.resource)))
         assert samples[key] == row.objects
-    assert samples[("storage_migrator_objects_total", (("outcome", "rewritten"), ("resource", "configmaps")))] >= 7
+    assert (
+        samples[("storage_migrator_objects_total", (here, ("outcome", "rewritten"), ("resource", "configmaps")))] >= 7
+    )
     durations = queries.finished_durations(engine)
-    assert samples[("storage_migrator_migration_duration_seconds_count", ())] == len(durations) == 1
-    assert samples[("storage_migrator_migration_duration_seconds_sum", ())] == pytest.approx(sum(durations))
-    assert samples[("storage_migrator_last_poll_timestamp_seconds", ())] == pytest.approx(now.timestamp())
-    assert samples[("storage_migrator_poll_duration_seconds", ())] == 1.25
+    assert samples[("storage_migrator_migration_duration_seconds_count", (here,))] == len(durations) == 1
+    assert samples[("storage_migrator_migration_duration_seconds_sum", (here,))] == pytest.approx(sum(durations))
+    assert samples[("storage_migrator_last_poll_timestamp_seconds", (here,))] == pytest.approx(now.timestamp())
+    assert samples[("storage_migrator_poll_duration_seconds", (here,))] == 1.25
     phases: dict[tuple[str, str], int] = {}
     for m in list_migrations(api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))):
         key = (
@@ -319,9 +323,9 @@ def test_metrics_scraped_equal_the_ledger_and_the_cluster(
         )
         phases[key] = phases.get(key, 0) + 1
     for (resource, phase), count in phases.items():
-        assert samples[("storage_migrator_migrations", (("phase", phase), ("resource", resource)))] == count
-    assert samples[("storage_migrator_migrations", (("phase", "Running"), ("resource", "deployments.apps")))] == 1
-    assert samples[("storage_migrator_remaining_objects", (("resource", "deployments.apps"),))] == 40
+        assert samples[("storage_migrator_migrations", (here, ("phase", phase), ("resource", resource)))] == count
+    assert samples[("storage_migrator_migrations", (here, ("phase", "Running"), ("resource", "deployments.apps")))] == 1
+    assert samples[("storage_migrator_remaining_objects", (here, ("resource", "deployments.apps")))] == 40
 
 
 def _stored_versions(kubesim: Any, namespace: str) -> set[str]:

@@ -259,3 +259,26 @@ def test_a_run_whose_end_never_reached_the_ledger_is_unknown_once_it_is_over(tmp
     assert alone == {("killed", "unknown"), ("killed", "succeeded"), ("done-elsewhere", "running"), ("live", "running")}
     gone = queries.settle_open_runs([r for r in runs if r.migration_uid == "live"], {})
     assert [(r.outcome, "deleted" in r.message) for r in gone] == [("unknown", True)]
+
+
+def test_a_gap_names_the_clusters_of_the_rows_it_lost(tmp_path: Path) -> None:
+    """Issue 20: one writer serves every cluster of its process; a gap shows under the clusters it lost rows of."""
+    missing = tmp_path / "not-yet"
+    url = _url(missing / "ledger.db")
+    writer = LedgerWriter(url, WriterOptions(retry_seconds=0.2))
+    rec = RunRecorder.begin(writer, migration="secrets-abcde", migration_uid="uid-a", resource="secrets",
+                            version="v1", target_hash=None, encryption_key=None, requested_by="manual",
+                            flow_run_id=None, cluster="prod-a")  # fmt: skip
+    rec.ended("succeeded", MigrationProgress(listed=1, rewritten=1))
+    assert writer.flush(10) and writer.lost_rows == 2
+    missing.mkdir()
+    writer.submit(PollRecord(cluster="prod-b", started_at=datetime.now(UTC), finished_at=datetime.now(UTC),
+                             duration_seconds=0.1, resources_seen=1, changes=0, requests_made=0))  # fmt: skip
+    assert writer.flush(10) and writer.lost_rows == 0
+    engine = ledger_engine(url)
+    [gap] = queries.gaps(engine, cluster="prod-a")
+    assert gap.clusters == ["prod-a"] and gap.kinds == {"outcome": 1, "run": 1}
+    assert queries.gaps(engine, cluster="prod-b") == []
+    assert queries.last_poll(engine, cluster="prod-b") is not None
+    assert queries.last_poll(engine, cluster="prod-a") is None
+    assert queries.clusters(engine) == ["prod-b"]  # the run's rows were lost: only the poll is in the ledger

@@ -93,6 +93,18 @@ def _block_exists(client: SyncPrefectClient, name: str) -> bool:
     return True
 
 
+def _block_names(client: SyncPrefectClient) -> set[str]:
+    """Every KubernetesClusterConfig block's name; none when prefect-kubernetes' block type was never registered."""
+    import httpx
+
+    try:
+        return {b.name for b in client.read_block_documents_by_type(BLOCK_TYPE, include_secrets=False) if b.name}
+    except httpx.HTTPStatusError as exc:
+        if exc.response.status_code == 404:
+            return set()
+        raise
+
+
 def _spec(deployment: DeploymentResponse, flow_name: str) -> DeploymentSpec:
     limit, options = deployment.global_concurrency_limit, deployment.concurrency_options
     return DeploymentSpec(
@@ -113,7 +125,6 @@ def _spec(deployment: DeploymentResponse, flow_name: str) -> DeploymentSpec:
         schedules=[ScheduleSpec(schedule=s.schedule.model_dump(mode="json"), active=s.active,
                                 max_scheduled_runs=s.max_scheduled_runs, parameters=s.parameters, slug=s.slug)
                    for s in deployment.schedules],
-        paused=deployment.paused,
     )  # fmt: skip
 
 
@@ -158,8 +169,8 @@ def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> str:
         infrastructure_document_id=(UUID(spec.infrastructure_document_id)
                                     if spec.infrastructure_document_id else None),
         path=spec.path, entrypoint=spec.entrypoint, parameter_openapi_schema=spec.parameter_openapi_schema,
-        # A new copy is paused as its template is; an existing one keeps its own pause (None leaves it).
-        paused=spec.paused if created else None,
+        # No `paused`: a new copy runs, an existing one keeps its own pause, and pausing a template
+        # (the default cluster's deployment) pauses no other cluster.
         pull_steps=spec.pull_steps, enforce_parameter_schema=spec.enforce_parameter_schema,
         job_variables=spec.job_variables,
     )  # fmt: skip
@@ -179,7 +190,7 @@ def _schedule_text(schedules: list[dict[str, Any]]) -> str:
 def add(name: Cluster, output: Output = OutputFormat.table) -> None:
     """Create or update the cluster's deployments flow/NAME, one per deployment of prefect.yaml (the templates, flow/flow).
 
-    Each copies its template (flow, entrypoint, pull steps, work pool and queue, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tag cluster:NAME; the detection schedule and the one-at-a-time limits are then the cluster's own. Run it again after deploying the templates again (an upgrade): it updates the copies, and keeps a copy's own pause (prefect deployment pause). Needs the KubernetesClusterConfig block NAME and the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 the block or a template is missing, or the Prefect API failed; 2 a usage error.
+    Each copies its template (flow, entrypoint, pull steps, work pool and queue, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tag cluster:NAME; the detection schedule and the one-at-a-time limits are then the cluster's own. Run it again after deploying the templates again (an upgrade): it updates the copies, and keeps a copy's own pause (prefect deployment pause; a template's pause is the default cluster's, never copied). Needs the KubernetesClusterConfig block NAME and the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 the block or a template is missing, or the Prefect API failed; 2 a usage error.
     """
     cluster = _checked(name)
     with _prefect() as client:
@@ -244,7 +255,7 @@ def list_clusters(output: Output = OutputFormat.table) -> None:
     """
     with _prefect() as client:
         clusters = _cluster_deployments(client)
-        blocks = {b.name for b in client.read_block_documents_by_type(BLOCK_TYPE, include_secrets=False)}
+        blocks = _block_names(client)
         rows: list[dict[str, Any]] = [{"cluster": cluster, "deployments": names,
                  "missing_deployments": [f for f in FLEET_FLOWS if f"{f}/{cluster}" not in names],
                  "block": cluster in blocks, "identity_uid": _identity_uid(client, cluster)}

@@ -73,8 +73,8 @@ class DeploymentSpec(BaseModel):
     concurrency_limit: int | None = None
     collision_strategy: str | None = None
     grace_period_seconds: int | None = None
+    #: Not `paused`: a deployment's pause is its own (the template's is the default cluster's).
     schedules: list[ScheduleSpec] = Field(default_factory=list)
-    paused: bool = False
 
     @property
     def full_name(self) -> str:

@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.variables import Variable
 from prefect_kubernetes.credentials import KubernetesClusterConfig
 
+from storage_migrator.cli import main
 from storage_migrator.fleet.deployments import FLEET_FLOWS
 from storage_migrator.fleet.names import identity_variable
 
@@ -47,7 +48,25 @@ def _run(api_url: str, home: Path, command: str, *args: str) -> subprocess.Compl
 
 
 def fleet(api_url: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script in a process of its own, as users run it."""
     return _run(api_url, home, "storage-migrator", "fleet", *args)
+
+
+Fleet = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def fleet_here(prefect_api: str, capsys: pytest.CaptureFixture[str]) -> Fleet:
+    """The console script's `main`, in this process (the session's server): the same code path as `fleet`,
+    without the seconds a process takes to import Prefect on shared cores."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main(["fleet", *args])
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["storage-migrator", "fleet", *args], code, out, err)
+
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +112,7 @@ def _server(flow: str, name: str) -> DeploymentResponse:
 
 
 def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
-    prefect_api: str, templates: Path, block: str
+    prefect_api: str, templates: Path, block: str, fleet_here: Fleet
 ) -> None:
     done = fleet(prefect_api, templates, "add", block, "-o", "json")
     assert done.returncode == 0, done.stderr
@@ -148,7 +167,7 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
         client.update_deployment_schedule(detection, template_schedule.id, active=False)
         client.pause_deployment(copies["initialize"].id)
     try:
-        again = fleet(prefect_api, templates, "add", block, "-o", "json")
+        again = fleet_here("add", block, "-o", "json")
     finally:
         with get_client(sync_client=True) as client:
             client.update_deployment_schedule(detection, template_schedule.id, active=True)
@@ -163,21 +182,28 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
 
 
 def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(
-    prefect_api: str, templates: Path, block: str
+    templates: Path, block: str, fleet_here: Fleet
 ) -> None:
-    assert fleet(prefect_api, templates, "add", block).returncode == 0
+    # The operator paused the default cluster's own initialize: a template's pause is never a cluster's.
+    with get_client(sync_client=True) as client:
+        client.pause_deployment(_server("initialize", "initialize").id)
+        try:
+            assert fleet_here("add", block).returncode == 0
+        finally:
+            client.resume_deployment(_server("initialize", "initialize").id)
+    assert not _server("initialize", block).paused
     Variable.set(identity_variable(block), {"uid": "uid-of-kube-system"}, overwrite=True)
 
-    listed = fleet(prefect_api, templates, "list", "-o", "json")
+    listed = fleet_here("list", "-o", "json")
     assert listed.returncode == 0, listed.stderr
     (row,) = [r for r in json.loads(listed.stdout) if r["cluster"] == block]
     assert row == {"cluster": block, "deployments": sorted(f"{f}/{block}" for f in FLEET_FLOWS),
                    "missing_deployments": [], "block": True, "identity_uid": "uid-of-kube-system"}  # fmt: skip
-    table = fleet(prefect_api, templates, "list")
+    table = fleet_here("list")
     assert table.returncode == 0 and any(line.split()[0] == block and "uid-of-kube-system" in line
                                          for line in table.stdout.splitlines())  # fmt: skip
 
-    removed = fleet(prefect_api, templates, "remove", block, "-o", "json")
+    removed = fleet_here("remove", block, "-o", "json")
     assert removed.returncode == 0, removed.stderr
     assert sorted(r["deployment"] for r in json.loads(removed.stdout)) == sorted(f"{f}/{block}" for f in FLEET_FLOWS)
     assert f"kubernetes-cluster-config/{block}" in removed.stderr and identity_variable(block) in removed.stderr
@@ -187,28 +213,30 @@ def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(
         assert client.read_variable_by_name(identity_variable(block)) is not None
         for flow in FLEET_FLOWS:  # the templates stay
             assert client.read_deployment_by_name(f"{flow}/{flow}")
-    assert block not in [r["cluster"] for r in json.loads(fleet(prefect_api, templates, "list", "-o", "json").stdout)]
-    again = fleet(prefect_api, templates, "remove", block)
+    assert block not in [r["cluster"] for r in json.loads(fleet_here("list", "-o", "json").stdout)]
+    again = fleet_here("remove", block)
     assert again.returncode == 1 and f"no deployments for cluster {block!r}" in again.stderr
 
 
-def test_a_cluster_without_its_block_is_refused_naming_the_fix(prefect_api: str, templates: Path) -> None:
+def test_a_cluster_without_its_block_is_refused_naming_the_fix(templates: Path, fleet_here: Fleet) -> None:
     name = f"fleet-{uuid.uuid4().hex[:8]}"
-    done = fleet(prefect_api, templates, "add", name)
+    done = fleet_here("add", name)
     assert done.returncode == 1
     assert f"no KubernetesClusterConfig block named {name!r}" in done.stderr and f".save({name!r})" in done.stderr
     with get_client(sync_client=True) as client:
         assert _copies(client, name) == []
     # `default` is the environment's cluster: its deployments are the templates, never overwritten.
-    refused = fleet(prefect_api, templates, "add", "default")
+    refused = fleet_here("add", "default")
     assert refused.returncode == 2 and "templates themselves" in refused.stderr
 
 
-def test_missing_templates_are_named_with_the_deploy_command(prefect_api: str, templates: Path, block: str) -> None:
+def test_missing_templates_are_named_with_the_deploy_command(
+    prefect_api: str, templates: Path, block: str, fleet_here: Fleet
+) -> None:
     with get_client(sync_client=True) as client:
         client.delete_deployment(client.read_deployment_by_name("key-rotation-runbook/key-rotation-runbook").id)
     try:
-        done = fleet(prefect_api, templates, "add", block)
+        done = fleet_here("add", block)
         assert done.returncode == 1
         assert "key-rotation-runbook/key-rotation-runbook" in done.stderr and "deploy --all" in done.stderr
         assert "migrate-resource/migrate-resource" not in done.stderr

@@ -72,7 +72,7 @@ def fleet_here(prefect_api: str, capsys: pytest.CaptureFixture[str]) -> Fleet:
 @pytest.fixture(scope="module")
 def templates(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The project deployed as the operator guide says (the process pool, `prefect deploy --all`);
-    every deployment of its flows deleted afterwards (their scheduled runs go with them)."""
+    every deployment of its flows, and the pool, deleted afterwards (their scheduled runs go with them)."""
     home = tmp_path_factory.mktemp("prefect-home")
     for args in (("work-pool", "create", POOL, "--type", "process", "--overwrite"), ("--no-prompt", "deploy", "--all")):
         done = _run(prefect_api, home, "prefect", *args)
@@ -82,6 +82,7 @@ def templates(prefect_api: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for deployment in client.read_deployments(limit=200):
             if client.read_flow(deployment.flow_id).name in FLEET_FLOWS:
                 client.delete_deployment(deployment.id)
+        client.delete_work_pool(POOL)
 
 
 @pytest.fixture
@@ -179,6 +180,12 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
     assert not schedule.active, "the template's schedule is paused: so is the cluster's"
     assert _server("initialize", block).paused, "a cluster deployment paused by the operator stays paused"
     assert not _server("migrate-resource", block).paused
+
+    # The table, for people: the poll's own schedule and its one-at-a-time limit.
+    table = fleet_here("add", block)
+    assert table.returncode == 0, table.stderr
+    (row,) = [line.split() for line in table.stdout.splitlines() if line.startswith(f"detect-storage-changes/{block} ")]
+    assert row[1:] == ["updated", POOL, "every", "600s", "1", "CANCEL_NEW"]
 
 
 def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(

@@ -210,11 +210,13 @@ def add(name: Cluster, output: Output = OutputFormat.table) -> None:
                       "deployed again from a release whose flows take it, and this command run again", file=sys.stderr)  # fmt: skip
         copies = [for_cluster(t, cluster) for t in templates]
         actions = [_upsert(client, c) for c in copies]
-    rows: list[dict[str, Any]] = [{"deployment": c.full_name, "action": action, "work_pool": c.work_pool_name,
-             "work_queue": c.work_queue_name, "parameters": c.parameters, "tags": c.tags,
-             "schedules": [s.model_dump(include={"schedule", "active"}) for s in c.schedules],
-             "concurrency_limit": c.concurrency_limit, "collision_strategy": c.collision_strategy}
-            for c, action in zip(copies, actions, strict=True)]  # fmt: skip
+    rows: list[dict[str, Any]] = [
+        {"deployment": c.full_name, "action": action, "work_pool": c.work_pool_name, "work_queue": c.work_queue_name,
+         "parameters": c.parameters, "tags": c.tags,
+         "schedules": [s.model_dump(include={"schedule", "active"}) for s in c.schedules],
+         "concurrency_limit": c.concurrency_limit, "collision_strategy": c.collision_strategy}
+        for c, action in zip(copies, actions, strict=True)
+    ]  # fmt: skip
     emit(output, rows, lambda: render_table(
         ["DEPLOYMENT", "ACTION", "WORK POOL", "SCHEDULE", "CONCURRENCY"],
         [[r["deployment"], r["action"], r["work_pool"] or "-", _schedule_text(r["schedules"]),
@@ -256,10 +258,12 @@ def list_clusters(output: Output = OutputFormat.table) -> None:
     with _prefect() as client:
         clusters = _cluster_deployments(client)
         blocks = _block_names(client)
-        rows: list[dict[str, Any]] = [{"cluster": cluster, "deployments": names,
-                 "missing_deployments": [f for f in FLEET_FLOWS if f"{f}/{cluster}" not in names],
-                 "block": cluster in blocks, "identity_uid": _identity_uid(client, cluster)}
-                for cluster, names in clusters.items()]  # fmt: skip
+        rows: list[dict[str, Any]] = [
+            {"cluster": cluster, "deployments": names,
+             "missing_deployments": [f for f in FLEET_FLOWS if f"{f}/{cluster}" not in names],
+             "block": cluster in blocks, "identity_uid": _identity_uid(client, cluster)}
+            for cluster, names in clusters.items()
+        ]  # fmt: skip
     if not rows and output is OutputFormat.table:
         print("No clusters found: no deployment is tagged cluster:NAME (storage-migrator fleet add NAME)",
               file=sys.stderr)  # fmt: skip

@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
-from storage_migrator.fleet.deployments import FLEET_FLOWS, DeploymentSpec, ScheduleSpec, cluster_of, for_cluster
+from storage_migrator.fleet.deployments import (
+    FLEET_FLOWS,
+    DeploymentSpec,
+    ScheduleSpec,
+    cluster_of,
+    for_cluster,
+    keeping_pauses,
+)
 from storage_migrator.fleet.names import DEFAULT_CLUSTER, cluster_tag, deployment_name, identity_variable
 
 if TYPE_CHECKING:
@@ -142,8 +149,9 @@ def _templates(client: SyncPrefectClient) -> tuple[list[DeploymentSpec], list[st
     return found, missing
 
 
-def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> str:
-    """Create or update the deployment `spec` names (Prefect upserts by flow and name); 'created' or 'updated'."""
+def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> tuple[DeploymentSpec, str]:
+    """Create or update the deployment `spec` names (Prefect upserts by flow and name): what was written, and
+    'created' or 'updated'."""
     from uuid import UUID
 
     from prefect.client.schemas.actions import DeploymentScheduleCreate
@@ -151,10 +159,12 @@ def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> str:
     from prefect.exceptions import ObjectNotFound
 
     try:
-        client.read_deployment_by_name(spec.full_name)
-        created = False
+        existing = client.read_deployment_by_name(spec.full_name)
     except ObjectNotFound:
-        created = True
+        existing = None
+    if existing is not None:
+        spec = keeping_pauses(spec, [ScheduleSpec(schedule=s.schedule.model_dump(mode="json"), active=s.active,
+                                                  slug=s.slug) for s in existing.schedules])  # fmt: skip
     options = (ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy(spec.collision_strategy),
                                   grace_period_seconds=spec.grace_period_seconds)
                if spec.collision_strategy else None)  # fmt: skip
@@ -174,7 +184,7 @@ def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> str:
         pull_steps=spec.pull_steps, enforce_parameter_schema=spec.enforce_parameter_schema,
         job_variables=spec.job_variables,
     )  # fmt: skip
-    return "created" if created else "updated"
+    return spec, "created" if existing is None else "updated"
 
 
 def _schedule_text(schedules: list[dict[str, Any]]) -> str:
@@ -190,7 +200,7 @@ def _schedule_text(schedules: list[dict[str, Any]]) -> str:
 def add(name: Cluster, output: Output = OutputFormat.table) -> None:
     """Create or update the cluster's deployments flow/NAME, one per deployment of prefect.yaml (the templates, flow/flow).
 
-    Each copies its template (flow, entrypoint, pull steps, work pool and queue, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tag cluster:NAME; the detection schedule and the one-at-a-time limits are then the cluster's own. Run it again after deploying the templates again (an upgrade): it updates the copies, and keeps a copy's own pause (prefect deployment pause; a template's pause is the default cluster's, never copied). Needs the KubernetesClusterConfig block NAME and the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 the block or a template is missing, or the Prefect API failed; 2 a usage error.
+    Each copies its template (flow, entrypoint, pull steps, work pool and queue, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tag cluster:NAME; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). Needs the KubernetesClusterConfig block NAME and the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 the block or a template is missing, or the Prefect API failed; 2 a usage error.
     """
     cluster = _checked(name)
     with _prefect() as client:
@@ -208,14 +218,13 @@ def add(name: Cluster, output: Output = OutputFormat.table) -> None:
                 print(f"warning: {template.full_name} was deployed from a flow that takes no 'cluster' parameter: "
                       f"runs of {deployment_name(template.flow_name, cluster)} will fail until the templates are "
                       "deployed again from a release whose flows take it, and this command run again", file=sys.stderr)  # fmt: skip
-        copies = [for_cluster(t, cluster) for t in templates]
-        actions = [_upsert(client, c) for c in copies]
+        written = [_upsert(client, for_cluster(t, cluster)) for t in templates]
     rows: list[dict[str, Any]] = [
         {"deployment": c.full_name, "action": action, "work_pool": c.work_pool_name, "work_queue": c.work_queue_name,
          "parameters": c.parameters, "tags": c.tags,
          "schedules": [s.model_dump(include={"schedule", "active"}) for s in c.schedules],
          "concurrency_limit": c.concurrency_limit, "collision_strategy": c.collision_strategy}
-        for c, action in zip(copies, actions, strict=True)
+        for c, action in written
     ]  # fmt: skip
     emit(output, rows, lambda: render_table(
         ["DEPLOYMENT", "ACTION", "WORK POOL", "SCHEDULE", "CONCURRENCY"],

@@ -24,6 +24,7 @@ __all__ = [
     "ScheduleSpec",
     "cluster_of",
     "for_cluster",
+    "keeping_pauses",
 ]
 
 #: Every flow of prefect.yaml, by its deployment's name (tests/unit/fleet keeps them equal):
@@ -95,7 +96,7 @@ def for_cluster(template: DeploymentSpec, cluster: str) -> DeploymentSpec:
     """The cluster's copy of a template: its own name, the cluster as a parameter and a tag, all else the same.
 
     Schedules are the template's, active or paused as it is, each the cluster's own (a
-    schedule is a deployment's); a concurrency limit is per deployment, so each cluster
+    schedule is a deployment's; `keeping_pauses` for an update); a concurrency limit is per deployment, so each cluster
     gets its own one-at-a-time poll and dispatcher.
     """
     if cluster == DEFAULT_CLUSTER:
@@ -111,3 +112,16 @@ def for_cluster(template: DeploymentSpec, cluster: str) -> DeploymentSpec:
         "name": name, "tags": tags, "schedules": schedules, "description": description,
         "parameters": {**template.parameters, CLUSTER_PARAMETER: cluster},
     })  # fmt: skip
+
+
+def keeping_pauses(copy: DeploymentSpec, existing: list[ScheduleSpec]) -> DeploymentSpec:
+    """An update keeps each schedule the operator paused or resumed on the cluster's deployment (by slug, else
+    by position): `prefect deployment schedule pause` stops one cluster's poll, and an upgrade must not undo it."""
+    slugs = {s.slug: s.active for s in existing if s.slug}
+    schedules = [
+        s.model_copy(update={"active": slugs[s.slug]}) if s.slug in slugs
+        else s.model_copy(update={"active": existing[i].active}) if not s.slug and i < len(existing)
+        else s
+        for i, s in enumerate(copy.schedules)
+    ]  # fmt: skip
+    return copy.model_copy(update={"schedules": schedules})

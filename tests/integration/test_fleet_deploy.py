@@ -162,24 +162,22 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
         assert run.parameters["cluster"] == block
         client.delete_flow_run(run.id)
 
-    # Again, after the operator paused the template's poll and one cluster deployment of their own.
+    # Again (an upgrade), after the operator paused this cluster's poll and one of its deployments.
     with get_client(sync_client=True) as client:
-        detection = _server("detect-storage-changes", "detect-storage-changes").id
-        client.update_deployment_schedule(detection, template_schedule.id, active=False)
+        client.update_deployment_schedule(copies["detect-storage-changes"].id, schedule.id, active=False)
         client.pause_deployment(copies["initialize"].id)
-    try:
-        again = fleet_here("add", block, "-o", "json")
-    finally:
-        with get_client(sync_client=True) as client:
-            client.update_deployment_schedule(detection, template_schedule.id, active=True)
+    again = fleet_here("add", block, "-o", "json")
     assert again.returncode == 0, again.stderr
     assert {r["action"] for r in json.loads(again.stdout)} == {"updated"}
     with get_client(sync_client=True) as client:
         assert sorted(d.id for d in _copies(client, block)) == sorted(c.id for c in copies.values())
     (schedule,) = _server("detect-storage-changes", block).schedules
-    assert not schedule.active, "the template's schedule is paused: so is the cluster's"
+    assert not schedule.active, "a cluster's poll paused by the operator stays paused"
     assert _server("initialize", block).paused, "a cluster deployment paused by the operator stays paused"
     assert not _server("migrate-resource", block).paused
+    assert _server("detect-storage-changes", "detect-storage-changes").schedules[0].active, "the template's runs on"
+    with get_client(sync_client=True) as client:
+        client.update_deployment_schedule(copies["detect-storage-changes"].id, schedule.id, active=True)
 
     # The table, for people: the poll's own schedule and its one-at-a-time limit.
     table = fleet_here("add", block)
@@ -191,13 +189,18 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
 def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(
     templates: Path, block: str, fleet_here: Fleet
 ) -> None:
-    # The operator paused the default cluster's own initialize: a template's pause is never a cluster's.
+    # The templates' poll schedule paused: a new cluster's starts paused too. The default cluster's own
+    # initialize paused as a deployment: that pause is the default cluster's, never a copy's.
+    detection = _server("detect-storage-changes", "detect-storage-changes")
     with get_client(sync_client=True) as client:
+        client.update_deployment_schedule(detection.id, detection.schedules[0].id, active=False)
         client.pause_deployment(_server("initialize", "initialize").id)
         try:
             assert fleet_here("add", block).returncode == 0
         finally:
+            client.update_deployment_schedule(detection.id, detection.schedules[0].id, active=True)
             client.resume_deployment(_server("initialize", "initialize").id)
+    assert not _server("detect-storage-changes", block).schedules[0].active
     assert not _server("initialize", block).paused
     Variable.set(identity_variable(block), {"uid": "uid-of-kube-system"}, overwrite=True)
 

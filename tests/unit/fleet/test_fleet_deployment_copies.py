@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from storage_migrator.fleet.deployments import FLEET_FLOWS, DeploymentSpec, ScheduleSpec, cluster_of, for_cluster
+from storage_migrator.fleet.deployments import (
+    FLEET_FLOWS,
+    DeploymentSpec,
+    ScheduleSpec,
+    cluster_of,
+    for_cluster,
+    keeping_pauses,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -52,3 +59,16 @@ def test_the_environments_cluster_and_names_no_block_can_have_are_refused(name: 
     """`default/flow` would overwrite the templates themselves."""
     with pytest.raises(ValueError):
         for_cluster(TEMPLATE, name)
+
+
+def test_an_update_keeps_what_the_operator_paused_or_resumed_on_the_clusters_schedules() -> None:
+    """A new copy's schedule is paused as the template's; the cluster's own choice outlives an upgrade."""
+    copy = for_cluster(TEMPLATE, "prod-eu")  # the template's schedule is paused
+    resumed = [copy.schedules[0].model_copy(update={"active": True})]
+    assert [s.active for s in keeping_pauses(copy, resumed).schedules] == [True]
+    assert [s.active for s in keeping_pauses(copy, []).schedules] == [False], "no schedule of its own yet"
+    slugged = copy.model_copy(update={"schedules": [s.model_copy(update={"slug": "poll"}) for s in copy.schedules]})
+    other_slug = [ScheduleSpec(schedule={"interval": 60.0}, active=True, slug="other")]
+    assert [s.active for s in keeping_pauses(slugged, other_slug).schedules] == [False], "another schedule's state"
+    same_slug = [ScheduleSpec(schedule={"interval": 60.0}, active=True, slug="poll")]
+    assert [s.active for s in keeping_pauses(slugged, same_slug).schedules] == [True]

@@ -3,6 +3,7 @@
 Design decision: typer + rich, Prefect's own CLI stack. One module per command
 (``storage_migrator/cli/<command>.py``, a function named ``command`` whose
 docstring is its help); adding a command is that module, imported and registered below.
+A group of commands (``fleet``) is a module with a typer ``app`` of its own, added below.
 A command ends with ``typer.Exit(code)`` when it fails; ``main`` returns the
 exit code, maps what the access layer raises to exit 1 with the error on
 stderr, and leaves usage errors to typer (exit 2, as argparse did).
@@ -17,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from storage_migrator.cli import discover, history, metrics, plan, rbac, status, verify_etcd
+from storage_migrator.cli import discover, fleet, history, metrics, plan, rbac, status, verify_etcd
 from storage_migrator.cli.options import GlobalOptions
 from storage_migrator.kube.connection import ConnectionConfigError
 from storage_migrator.kube.errors import KubeError
@@ -52,6 +53,7 @@ app.command("plan")(plan.command)
 app.command("rbac")(rbac.command)
 app.command("history")(history.command)
 app.command("metrics")(metrics.command)
+app.add_typer(fleet.app, name="fleet")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -6,7 +6,8 @@ Its identity is the UID of its ``kube-system`` namespace, which a kubeconfig
 cannot fake and a reinstall changes: a block whose kubeconfig now points at
 another cluster fails the run before any write.
 
-    identity.py   reading a cluster's identity, and judging it against the one recorded
-    names.py      what is scoped by cluster: the write budget, run tags, artifact keys, deployments, the identity's record
-    verdicts.py   one operation across clusters: a verdict per cluster, and their conjunction
+    deployments.py  a cluster's deployments: copies of the project's, with the cluster as parameter and tag
+    identity.py     reading a cluster's identity, and judging it against the one recorded
+    names.py        what is scoped by cluster: the write budget, run tags, artifact keys, deployments, the identity's record
+    verdicts.py     one operation across clusters: a verdict per cluster, and their conjunction
 """

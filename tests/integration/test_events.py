@@ -230,8 +230,10 @@ def test_the_shipped_automation_notifies_when_a_migration_fails(
                 client.delete_automation(automation.id)
     assert _calls(received, "events-ok") == []
     [call] = _calls(received, "events-bad")
-    assert call["subject"] == "storage-migrator: migration events-bad failed"
-    assert "events-bad (configmaps) failed: 1 object(s) could not be rewritten: ns/cm (422 Invalid)" in call["body"]
+    # Issue 20: the notification says which cluster (the event's label; an ephemeral emit is the default's).
+    assert call["subject"] == "storage-migrator: migration events-bad failed on cluster default"
+    assert ("events-bad (configmaps) of cluster default failed: 1 object(s) could not be rewritten: ns/cm "
+            "(422 Invalid)") in " ".join(call["body"].split())  # fmt: skip
 
 
 def _emit_failure(migration: str) -> None:
@@ -240,7 +242,7 @@ def _emit_failure(migration: str) -> None:
 
 
 def _calls(received: list[dict[str, Any]], migration: str) -> list[dict[str, Any]]:
-    return [call for call in received if call.get("subject") == f"storage-migrator: migration {migration} failed"
+    return [call for call in received if str(call.get("subject")).startswith(f"storage-migrator: migration {migration} failed")
             or f"StorageVersionMigration {migration} " in str(call.get("body"))]  # fmt: skip
 
 

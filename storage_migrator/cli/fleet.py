@@ -1,0 +1,312 @@
+"""``storage-migrator fleet add|list|remove NAME``: a cluster's deployments on the shared Prefect server (issue 20).
+
+Issue 20 item 3: "Adding a cluster means one block plus one command." The
+templates are the project's deployments (`prefect deploy --all`: `flow/flow`);
+``fleet add`` copies each to `flow/NAME` (storage_migrator/fleet/deployments.py
+says what a copy is) through the Prefect client, whose upsert makes it safe to
+run again, after each upgrade of the templates. Prefect is imported inside the
+functions: it takes seconds to import, and the other commands never need it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+
+import typer
+
+from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
+from storage_migrator.fleet.deployments import (
+    FLEET_FLOWS,
+    DeploymentSpec,
+    ScheduleSpec,
+    cluster_of,
+    for_cluster,
+    keeping_pauses,
+)
+from storage_migrator.fleet.names import DEFAULT_CLUSTER, cluster_tag, deployment_name, identity_variable
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.responses import DeploymentResponse
+
+__all__ = ["app"]
+
+#: prefect-kubernetes' KubernetesClusterConfig, as the Prefect API names its block type.
+BLOCK_TYPE = "kubernetes-cluster-config"
+
+app = typer.Typer(
+    name="fleet",
+    help="A cluster's deployments on a shared Prefect server: one KubernetesClusterConfig block, one command.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+Cluster = Annotated[str, typer.Argument(metavar="NAME", help="the cluster: the name of its KubernetesClusterConfig block")]  # fmt: skip
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"storage-migrator: {message}", file=sys.stderr)
+    raise typer.Exit(1)
+
+
+def _checked(name: str) -> str:
+    """A usage error (exit 2) for `default` (its deployments are the templates) or a name no block can have."""
+    try:
+        deployment_name(FLEET_FLOWS[0], name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="NAME") from exc
+    if name == DEFAULT_CLUSTER:
+        raise typer.BadParameter(f"{DEFAULT_CLUSTER!r} is the environment's cluster: its deployments are the "
+                                 "templates themselves (flow/flow)", param_hint="NAME")  # fmt: skip
+    return name
+
+
+def _api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return str(PREFECT_API_URL.value() or "")
+
+
+@contextmanager
+def _prefect() -> Iterator[SyncPrefectClient]:
+    """A client of the server PREFECT_API_URL names; an unreachable or failing server is exit 1, named.
+
+    Never Prefect's ephemeral server (what the client starts with no URL): a fleet lives on a shared one.
+    """
+    import httpx
+    from prefect.client.orchestration import get_client
+
+    if not _api_url():
+        _fail("PREFECT_API_URL is not set: point it at the Prefect server the workers use "
+              "(export PREFECT_API_URL=http://HOST:4200/api)")  # fmt: skip
+    try:
+        with get_client(sync_client=True) as client:
+            yield client
+    except httpx.HTTPError as exc:
+        _fail(f"the Prefect API at {_api_url()} failed: {exc}")
+
+
+def _block_exists(client: SyncPrefectClient, name: str) -> bool:
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        client.read_block_document_by_name(name, block_type_slug=BLOCK_TYPE, include_secrets=False)
+    except ObjectNotFound:  # no such block, or prefect-kubernetes' block type was never registered here
+        return False
+    return True
+
+
+def _block_names(client: SyncPrefectClient) -> set[str]:
+    """Every KubernetesClusterConfig block's name; none when prefect-kubernetes' block type was never registered."""
+    import httpx
+
+    try:
+        return {b.name for b in client.read_block_documents_by_type(BLOCK_TYPE, include_secrets=False) if b.name}
+    except httpx.HTTPStatusError as exc:
+        if exc.response.status_code == 404:
+            return set()
+        raise
+
+
+def _spec(deployment: DeploymentResponse, flow_name: str) -> DeploymentSpec:
+    limit, options = deployment.global_concurrency_limit, deployment.concurrency_options
+    return DeploymentSpec(
+        flow_id=str(deployment.flow_id), flow_name=flow_name, name=deployment.name,
+        description=deployment.description, version=deployment.version,
+        version_info=deployment.version_info.model_dump(mode="json") if deployment.version_info else None,
+        entrypoint=deployment.entrypoint, path=deployment.path, pull_steps=deployment.pull_steps,
+        storage_document_id=str(deployment.storage_document_id) if deployment.storage_document_id else None,
+        infrastructure_document_id=(str(deployment.infrastructure_document_id)
+                                    if deployment.infrastructure_document_id else None),
+        work_pool_name=deployment.work_pool_name, work_queue_name=deployment.work_queue_name,
+        job_variables=deployment.job_variables, parameters=deployment.parameters,
+        parameter_openapi_schema=deployment.parameter_openapi_schema,
+        enforce_parameter_schema=deployment.enforce_parameter_schema, tags=deployment.tags,
+        concurrency_limit=limit.limit if limit else None,
+        collision_strategy=options.collision_strategy.value if options else None,
+        grace_period_seconds=options.grace_period_seconds if options else None,
+        schedules=[ScheduleSpec(schedule=s.schedule.model_dump(mode="json"), active=s.active,
+                                max_scheduled_runs=s.max_scheduled_runs, parameters=s.parameters, slug=s.slug)
+                   for s in deployment.schedules],
+    )  # fmt: skip
+
+
+def _templates(client: SyncPrefectClient) -> tuple[list[DeploymentSpec], list[str]]:
+    """The project's deployments `flow/flow`, and the names of those missing."""
+    from prefect.exceptions import ObjectNotFound
+
+    found, missing = [], []
+    for flow in FLEET_FLOWS:
+        name = deployment_name(flow, None)
+        try:
+            found.append(_spec(client.read_deployment_by_name(name), flow))
+        except ObjectNotFound:
+            missing.append(name)
+    return found, missing
+
+
+def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> tuple[DeploymentSpec, str]:
+    """Create or update the deployment `spec` names (Prefect upserts by flow and name): what was written, and
+    'created' or 'updated'."""
+    from uuid import UUID
+
+    from prefect.client.schemas.actions import DeploymentScheduleCreate
+    from prefect.client.schemas.objects import ConcurrencyLimitStrategy, ConcurrencyOptions, VersionInfo
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        existing = client.read_deployment_by_name(spec.full_name)
+    except ObjectNotFound:
+        existing = None
+    if existing is not None:
+        spec = keeping_pauses(spec, [ScheduleSpec(schedule=s.schedule.model_dump(mode="json"), active=s.active,
+                                                  slug=s.slug) for s in existing.schedules])  # fmt: skip
+    options = (ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy(spec.collision_strategy),
+                                  grace_period_seconds=spec.grace_period_seconds)
+               if spec.collision_strategy else None)  # fmt: skip
+    client.create_deployment(
+        flow_id=UUID(spec.flow_id), name=spec.name, version=spec.version,
+        version_info=VersionInfo.model_validate(spec.version_info) if spec.version_info else None,
+        schedules=[DeploymentScheduleCreate.model_validate(s.model_dump()) for s in spec.schedules],
+        concurrency_limit=spec.concurrency_limit, concurrency_options=options,
+        parameters=spec.parameters, description=spec.description, work_queue_name=spec.work_queue_name,
+        work_pool_name=spec.work_pool_name, tags=spec.tags,
+        storage_document_id=UUID(spec.storage_document_id) if spec.storage_document_id else None,
+        infrastructure_document_id=(UUID(spec.infrastructure_document_id)
+                                    if spec.infrastructure_document_id else None),
+        path=spec.path, entrypoint=spec.entrypoint, parameter_openapi_schema=spec.parameter_openapi_schema,
+        # No `paused`: a new copy runs, an existing one keeps its own pause, and pausing a template
+        # (the default cluster's deployment) pauses no other cluster.
+        pull_steps=spec.pull_steps, enforce_parameter_schema=spec.enforce_parameter_schema,
+        job_variables=spec.job_variables,
+    )  # fmt: skip
+    return spec, "created" if existing is None else "updated"
+
+
+def _schedule_text(schedules: list[dict[str, Any]]) -> str:
+    def one(s: dict[str, Any]) -> str:
+        rule = s["schedule"]
+        when = (f"every {rule['interval']:g}s" if "interval" in rule else f"cron {rule['cron']}" if "cron" in rule
+                else f"rrule {rule.get('rrule')}")  # fmt: skip
+        return when if s["active"] else f"{when} (paused)"
+
+    return ", ".join(one(s) for s in schedules) or "-"
+
+
+def add(name: Cluster, output: Output = OutputFormat.table) -> None:
+    """Create or update the cluster's deployments flow/NAME, one per deployment of prefect.yaml (the templates, flow/flow).
+
+    Each copies its template (flow, entrypoint, pull steps, work pool and queue, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tag cluster:NAME; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). Needs the KubernetesClusterConfig block NAME and the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 the block or a template is missing, or the Prefect API failed; 2 a usage error.
+    """
+    cluster = _checked(name)
+    with _prefect() as client:
+        if not _block_exists(client, cluster):
+            _fail(f"no KubernetesClusterConfig block named {cluster!r} on the Prefect server at {_api_url()}: create "
+                  f"it first (KubernetesClusterConfig.from_file(KUBECONFIG, context_name=CONTEXT).save({cluster!r}); "
+                  "docs/operator-guide.md, 'Deploying for a fleet'), then run this again")  # fmt: skip
+        templates, missing = _templates(client)
+        if missing:
+            _fail(f"the template deployments {', '.join(missing)} are not on the Prefect server at {_api_url()}: "
+                  "deploy the project first (prefect --no-prompt deploy --all, from the repository root, or the "
+                  "kubernetes pool's loop in prefect.yaml), then run this again")  # fmt: skip
+        for template in templates:
+            if not template.takes_cluster:
+                print(f"warning: {template.full_name} was deployed from a flow that takes no 'cluster' parameter: "
+                      f"runs of {deployment_name(template.flow_name, cluster)} will fail until the templates are "
+                      "deployed again from a release whose flows take it, and this command run again", file=sys.stderr)  # fmt: skip
+        written = [_upsert(client, for_cluster(t, cluster)) for t in templates]
+    rows: list[dict[str, Any]] = [
+        {"deployment": c.full_name, "action": action, "work_pool": c.work_pool_name, "work_queue": c.work_queue_name,
+         "parameters": c.parameters, "tags": c.tags,
+         "schedules": [s.model_dump(include={"schedule", "active"}) for s in c.schedules],
+         "concurrency_limit": c.concurrency_limit, "collision_strategy": c.collision_strategy}
+        for c, action in written
+    ]  # fmt: skip
+    emit(output, rows, lambda: render_table(
+        ["DEPLOYMENT", "ACTION", "WORK POOL", "SCHEDULE", "CONCURRENCY"],
+        [[r["deployment"], r["action"], r["work_pool"] or "-", _schedule_text(r["schedules"]),
+          f"{r['concurrency_limit']} {r['collision_strategy'] or ''}".strip() if r["concurrency_limit"] else "-"]
+         for r in rows]))  # fmt: skip
+
+
+def _cluster_deployments(client: SyncPrefectClient) -> dict[str, list[str]]:
+    """Cluster → its deployments' full names, from the `cluster:` tag (templates have none)."""
+    flows: dict[Any, str] = {}
+    by_cluster: dict[str, list[str]] = {}
+    offset, page = 0, 200
+    while batch := client.read_deployments(limit=page, offset=offset):
+        for deployment in batch:
+            cluster = cluster_of(deployment.tags)
+            if cluster is None:
+                continue
+            if deployment.flow_id not in flows:
+                flows[deployment.flow_id] = client.read_flow(deployment.flow_id).name
+            by_cluster.setdefault(cluster, []).append(f"{flows[deployment.flow_id]}/{deployment.name}")
+        offset += page
+    return {c: sorted(names) for c, names in sorted(by_cluster.items())}
+
+
+def _identity_uid(client: SyncPrefectClient, cluster: str) -> str | None:
+    try:
+        variable = client.read_variable_by_name(identity_variable(cluster))
+    except ValueError:  # a tag naming no block a flow could run for
+        return None
+    value = variable.value if variable else None
+    return str(value["uid"]) if isinstance(value, dict) and value.get("uid") else None
+
+
+def list_clusters(output: Output = OutputFormat.table) -> None:
+    """One row per cluster that has deployments (tagged cluster:NAME): its deployments, those of prefect.yaml it lacks, whether its KubernetesClusterConfig block exists, and its recorded identity (the uid of kube-system, Prefect Variable storage-migrator-cluster-NAME; none before its first run).
+
+    Exit codes: 0 done (no cluster included: the table says so on stderr, json prints []); 1 the Prefect API failed.
+    """
+    with _prefect() as client:
+        clusters = _cluster_deployments(client)
+        blocks = _block_names(client)
+        rows: list[dict[str, Any]] = [
+            {"cluster": cluster, "deployments": names,
+             "missing_deployments": [f for f in FLEET_FLOWS if f"{f}/{cluster}" not in names],
+             "block": cluster in blocks, "identity_uid": _identity_uid(client, cluster)}
+            for cluster, names in clusters.items()
+        ]  # fmt: skip
+    if not rows and output is OutputFormat.table:
+        print("No clusters found: no deployment is tagged cluster:NAME (storage-migrator fleet add NAME)",
+              file=sys.stderr)  # fmt: skip
+        return
+    emit(output, rows, lambda: render_table(
+        ["CLUSTER", "DEPLOYMENTS", "MISSING", "BLOCK", "IDENTITY"],
+        [[r["cluster"], ",".join(n.split("/")[0] for n in r["deployments"]), ",".join(r["missing_deployments"]) or "-",
+          "yes" if r["block"] else "missing", r["identity_uid"] or "-"] for r in rows]))  # fmt: skip
+
+
+def remove(name: Cluster, output: Output = OutputFormat.table) -> None:
+    """Delete the cluster's deployments (those tagged cluster:NAME), and their scheduled runs.
+
+    Its KubernetesClusterConfig block and its recorded identity (Prefect Variable storage-migrator-cluster-NAME) are kept, and so are past flow runs; the command says how to delete them. Exit codes: 0 done; 1 the cluster has no deployments, or the Prefect API failed; 2 a usage error.
+    """
+    cluster = _checked(name)
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterTags
+
+    with _prefect() as client:
+        found = client.read_deployments(deployment_filter=DeploymentFilter(tags=DeploymentFilterTags(all_=[cluster_tag(cluster)])))  # fmt: skip
+        found = [d for d in found if d.name == cluster]  # never a template, whatever its tags
+        if not found:
+            _fail(f"no deployments for cluster {cluster!r} on the Prefect server at {_api_url()} "
+                  "(storage-migrator fleet list)")  # fmt: skip
+        flows = {d.flow_id: client.read_flow(d.flow_id).name for d in found}
+        names = sorted(f"{flows[d.flow_id]}/{d.name}" for d in found)
+        for deployment in found:
+            client.delete_deployment(deployment.id)
+    print(f"note: kept the KubernetesClusterConfig block {cluster!r} (prefect block delete {BLOCK_TYPE}/{cluster}) "
+          f"and the recorded identity (prefect variable delete {identity_variable(cluster)})", file=sys.stderr)  # fmt: skip
+    rows = [{"deployment": n, "action": "deleted"} for n in names]
+    emit(output, rows, lambda: render_table(["DEPLOYMENT", "ACTION"], [[r["deployment"], r["action"]] for r in rows]))
+
+
+app.command("add")(add)
+app.command("list")(list_clusters)
+app.command("remove")(remove)

@@ -1,0 +1,127 @@
+"""A cluster's deployments: copies of the project's own (issue 20: "adding a cluster means one block plus one command").
+
+Design decision: the deployments `prefect deploy` makes from prefect.yaml
+(`flow/flow`) are the templates, and a cluster's deployment `flow/<cluster>` is
+a copy of one with the cluster among its parameters and tags. A copy, not a
+prefect.yaml per cluster: what the operator deployed (pool, image, job
+variables, schedule, concurrency) is what every cluster runs, and an upgrade is
+deploying the templates again, then ``storage-migrator fleet add`` again. Plain
+data here (no Prefect): the CLI reads and writes it through the Prefect client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from storage_migrator.fleet.names import DEFAULT_CLUSTER, cluster_tag, deployment_name
+
+__all__ = [
+    "CLUSTER_PARAMETER",
+    "FLEET_FLOWS",
+    "DeploymentSpec",
+    "ScheduleSpec",
+    "cluster_of",
+    "for_cluster",
+    "keeping_pauses",
+]
+
+#: Every flow of prefect.yaml, by its deployment's name (tests/unit/fleet keeps them equal):
+#: a cluster needs all of them, since a run for it starts its children through `flow/<cluster>`.
+FLEET_FLOWS: tuple[str, ...] = ("detect-storage-changes", "migrate-resource", "run-migrations", "initialize",
+                                "rotate-encryption-key", "key-rotation-runbook")  # fmt: skip
+#: The flows' parameter naming the cluster's KubernetesClusterConfig block.
+CLUSTER_PARAMETER = "cluster"
+_TAG_PREFIX = cluster_tag("x").removesuffix("x")
+
+
+class ScheduleSpec(BaseModel):
+    """One schedule of a deployment; `schedule` as the Prefect API serialises it (interval, cron or rrule)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schedule: dict[str, Any]
+    active: bool = True
+    max_scheduled_runs: int | None = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    slug: str | None = None
+
+
+class DeploymentSpec(BaseModel):
+    """What a deployment is, as far as a copy for another cluster must repeat it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    flow_id: str
+    flow_name: str
+    name: str
+    description: str | None = None
+    version: str | None = None
+    version_info: dict[str, Any] | None = None
+    entrypoint: str | None = None
+    path: str | None = None
+    pull_steps: list[dict[str, Any]] | None = None
+    storage_document_id: str | None = None
+    infrastructure_document_id: str | None = None
+    work_pool_name: str | None = None
+    work_queue_name: str | None = None
+    job_variables: dict[str, Any] = Field(default_factory=dict)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameter_openapi_schema: dict[str, Any] | None = None
+    enforce_parameter_schema: bool = True
+    tags: list[str] = Field(default_factory=list)
+    concurrency_limit: int | None = None
+    collision_strategy: str | None = None
+    grace_period_seconds: int | None = None
+    #: Not `paused`: a deployment's pause is its own (the template's is the default cluster's).
+    schedules: list[ScheduleSpec] = Field(default_factory=list)
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.flow_name}/{self.name}"
+
+    @property
+    def takes_cluster(self) -> bool:
+        """Whether the flow's parameter schema has `cluster` (a template deployed from an older release has not)."""
+        return CLUSTER_PARAMETER in (self.parameter_openapi_schema or {}).get("properties", {})
+
+
+def cluster_of(tags: list[str]) -> str | None:
+    """The cluster a deployment is for, from its `cluster:<name>` tag; None for a template."""
+    return next((t.removeprefix(_TAG_PREFIX) for t in tags if t.startswith(_TAG_PREFIX)), None)
+
+
+def for_cluster(template: DeploymentSpec, cluster: str) -> DeploymentSpec:
+    """The cluster's copy of a template: its own name, the cluster as a parameter and a tag, all else the same.
+
+    Schedules are the template's, active or paused as it is, each the cluster's own (a
+    schedule is a deployment's; `keeping_pauses` for an update); a concurrency limit is per deployment, so each cluster
+    gets its own one-at-a-time poll and dispatcher.
+    """
+    if cluster == DEFAULT_CLUSTER:
+        raise ValueError(f"{DEFAULT_CLUSTER!r} is the environment's cluster: its deployments are the templates "
+                         "themselves (flow/flow); name a KubernetesClusterConfig block of another name")  # fmt: skip
+    name = deployment_name(template.flow_name, cluster).split("/", 1)[1]
+    tags = [t for t in template.tags if not t.startswith(_TAG_PREFIX)] + [cluster_tag(cluster)]
+    schedules = [s.model_copy(update={"parameters": {k: v for k, v in s.parameters.items() if k != CLUSTER_PARAMETER}})
+                 for s in template.schedules]  # fmt: skip
+    description = f"{template.description or ''}\n\nFor cluster {cluster!r}: its KubernetesClusterConfig block " \
+                  f"(storage-migrator fleet add {cluster}).".lstrip()  # fmt: skip
+    return template.model_copy(update={
+        "name": name, "tags": tags, "schedules": schedules, "description": description,
+        "parameters": {**template.parameters, CLUSTER_PARAMETER: cluster},
+    })  # fmt: skip
+
+
+def keeping_pauses(copy: DeploymentSpec, existing: list[ScheduleSpec]) -> DeploymentSpec:
+    """An update keeps each schedule the operator paused or resumed on the cluster's deployment (by slug, else
+    by position): `prefect deployment schedule pause` stops one cluster's poll, and an upgrade must not undo it."""
+    slugs = {s.slug: s.active for s in existing if s.slug}
+    schedules = [
+        s.model_copy(update={"active": slugs[s.slug]}) if s.slug in slugs
+        else s.model_copy(update={"active": existing[i].active}) if not s.slug and i < len(existing)
+        else s
+        for i, s in enumerate(copy.schedules)
+    ]  # fmt: skip
+    return copy.model_copy(update={"schedules": schedules})

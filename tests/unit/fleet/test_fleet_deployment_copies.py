@@ -1,0 +1,74 @@
+"""A cluster's copy of a template deployment (issue 20 item 3), and the flows a cluster needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from storage_migrator.fleet.deployments import (
+    FLEET_FLOWS,
+    DeploymentSpec,
+    ScheduleSpec,
+    cluster_of,
+    for_cluster,
+    keeping_pauses,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+TEMPLATE = DeploymentSpec(
+    flow_id="0b7f6c1e-0000-4000-8000-000000000001", flow_name="detect-storage-changes",
+    name="detect-storage-changes", description="One poll.", entrypoint="flows/x.py:x",
+    work_pool_name="storage-migrator-local", work_queue_name="default", job_variables={"image": "i"},
+    parameters={"settle_seconds": 30}, tags=["storage-migrator"], concurrency_limit=1,
+    collision_strategy="CANCEL_NEW",
+    parameter_openapi_schema={"type": "object", "properties": {"cluster": {"type": "string"}}},
+    schedules=[ScheduleSpec(schedule={"interval": 600.0}, active=False, parameters={"cluster": "other"})],
+)  # fmt: skip
+
+
+def test_every_deployment_of_prefect_yaml_is_one_a_cluster_gets() -> None:
+    """A flow deployed without a copy per cluster would start its children for no cluster at all."""
+    deployed = [d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]]
+    assert sorted(deployed) == sorted(FLEET_FLOWS)
+
+
+def test_a_copy_is_the_template_with_the_cluster_as_parameter_tag_and_name() -> None:
+    copy = for_cluster(TEMPLATE, "prod-eu")
+    assert copy.full_name == "detect-storage-changes/prod-eu"
+    assert copy.parameters == {"settle_seconds": 30, "cluster": "prod-eu"}
+    assert copy.tags == ["storage-migrator", "cluster:prod-eu"]
+    # A schedule may not point its runs at another cluster; paused stays paused.
+    assert copy.schedules == [ScheduleSpec(schedule={"interval": 600.0}, active=False, parameters={})]
+    assert copy.description is not None and copy.description.startswith("One poll.") and "prod-eu" in copy.description
+    unchanged = TEMPLATE.model_dump(exclude={"name", "parameters", "tags", "schedules", "description"})
+    assert copy.model_dump(exclude={"name", "parameters", "tags", "schedules", "description"}) == unchanged
+    assert copy.takes_cluster and not TEMPLATE.model_copy(update={"parameter_openapi_schema": {}}).takes_cluster
+
+
+def test_a_copy_of_a_copy_is_tagged_for_one_cluster_only() -> None:
+    twice = for_cluster(for_cluster(TEMPLATE, "a"), "b")
+    assert twice.tags == ["storage-migrator", "cluster:b"] and cluster_of(twice.tags) == "b"
+    assert cluster_of(TEMPLATE.tags) is None
+
+
+@pytest.mark.parametrize("name", ["default", "Prod", "a/b", ""])
+def test_the_environments_cluster_and_names_no_block_can_have_are_refused(name: str) -> None:
+    """`default/flow` would overwrite the templates themselves."""
+    with pytest.raises(ValueError):
+        for_cluster(TEMPLATE, name)
+
+
+def test_an_update_keeps_what_the_operator_paused_or_resumed_on_the_clusters_schedules() -> None:
+    """A new copy's schedule is paused as the template's; the cluster's own choice outlives an upgrade."""
+    copy = for_cluster(TEMPLATE, "prod-eu")  # the template's schedule is paused
+    resumed = [copy.schedules[0].model_copy(update={"active": True})]
+    assert [s.active for s in keeping_pauses(copy, resumed).schedules] == [True]
+    assert [s.active for s in keeping_pauses(copy, []).schedules] == [False], "no schedule of its own yet"
+    slugged = copy.model_copy(update={"schedules": [s.model_copy(update={"slug": "poll"}) for s in copy.schedules]})
+    other_slug = [ScheduleSpec(schedule={"interval": 60.0}, active=True, slug="other")]
+    assert [s.active for s in keeping_pauses(slugged, other_slug).schedules] == [False], "another schedule's state"
+    same_slug = [ScheduleSpec(schedule={"interval": 60.0}, active=True, slug="poll")]
+    assert [s.active for s in keeping_pauses(slugged, same_slug).schedules] == [True]

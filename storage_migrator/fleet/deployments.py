@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.fleet.names import DEFAULT_CLUSTER, cluster_tag, deployment_name
+from storage_migrator.fleet.names import block_of, cluster_tag, deployment_name
 
 __all__ = [
     "CLUSTER_PARAMETER",
@@ -99,8 +99,8 @@ def for_cluster(template: DeploymentSpec, cluster: str) -> DeploymentSpec:
     schedule is a deployment's; `keeping_pauses` for an update); a concurrency limit is per deployment, so each cluster
     gets its own one-at-a-time poll and dispatcher.
     """
-    if cluster == DEFAULT_CLUSTER:
-        raise ValueError(f"{DEFAULT_CLUSTER!r} is the environment's cluster: its deployments are the templates "
+    if block_of(cluster) is None:  # `default` or nothing; a name no block can have raises there
+        raise ValueError(f"{cluster!r} is the environment's cluster: its deployments are the templates "
                          "themselves (flow/flow); name a KubernetesClusterConfig block of another name")  # fmt: skip
     name = deployment_name(template.flow_name, cluster).split("/", 1)[1]
     tags = [t for t in template.tags if not t.startswith(_TAG_PREFIX)] + [cluster_tag(cluster)]

@@ -35,6 +35,7 @@ if os.environ.get("STORAGE_MIGRATOR_DATABASE_URL", "") in ("", os.environ.get("_
     os.environ["STORAGE_MIGRATOR_DATABASE_URL"] = f"sqlite:///{_ledger_dir}/ledger.db"
     os.environ["_STORAGE_MIGRATOR_TEST_LEDGER"] = os.environ["STORAGE_MIGRATOR_DATABASE_URL"]
 
+from crd_install import CRD_DIR, install_migration_crds  # noqa: F401 - tests import them from here
 from ledger_fixtures import postgres_server, postgres_url  # noqa: F401 - fixtures for the ledger's tests
 
 from kubesim.admin import Admin
@@ -121,35 +122,6 @@ def namespace(kubesim: Kubesim) -> Iterator[str]:
     finally:
         core.delete_namespace(name)
         api.close()
-
-
-CRD_DIR = Path(__file__).resolve().parents[1] / "deployments" / "crds"
-
-
-def install_migration_crds(api: Any) -> None:
-    """`deployments/crds/` into a cluster (those already there are kept), served before returning."""
-    import time
-
-    import yaml
-    from kubernetes import client as k8s
-
-    ext = k8s.ApiextensionsV1Api(api)
-    for path in sorted(CRD_DIR.glob("*.yaml")):
-        try:
-            ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
-        except k8s.ApiException as exc:
-            if exc.status != 409:
-                raise
-    custom = k8s.CustomObjectsApi(api)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations")
-            return
-        except k8s.ApiException:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
 
 
 @pytest.fixture(scope="session")

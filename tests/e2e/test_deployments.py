@@ -118,3 +118,57 @@ def test_a_request_applied_with_kubectl_is_run_by_run_migrations(
     value, _ = kubesim.etcd.get(f"/registry/secrets/{namespace}/s".encode())
     assert value is not None and value.value.startswith(b"k8s:enc:aescbc:v1:key2:")
     api.close()
+
+
+def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(
+    stack: PrefectStack, kubesim: Any, tmp_path: Path, wait_for: Any
+) -> None:
+    """Issue 20: "Adding a cluster means one block plus one command", and a run for a cluster
+    starts its children on that cluster's deployments. The worker's own kubeconfig is the
+    shared cluster (its default); the second cluster is reached through its block only."""
+    import uuid
+
+    from crd_install import install_migration_crds
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect_kubernetes.credentials import KubernetesClusterConfig
+
+    from kubesim.cluster import Cluster
+
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    default_before = {m.metadata.name for m in list_migrations(api_client_from_settings(
+        Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
+    with Cluster() as other:
+        kubeconfig = other.write_kubeconfig(tmp_path / "other.kubeconfig")
+        with k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
+            install_migration_crds(api)
+            for i in range(5):
+                k8s.CoreV1Api(api).create_namespaced_config_map("default", k8s.V1ConfigMap(
+                    metadata=k8s.V1ObjectMeta(name=f"fleet-{i}")))  # fmt: skip
+        with temporary_settings({PREFECT_API_URL: stack.api_url}):
+            KubernetesClusterConfig.from_file(Path(kubeconfig)).save(name, overwrite=True)
+        added = subprocess.run(["storage-migrator", "fleet", "add", name, "-o", "json"], env=stack.env,
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert added.returncode == 0, added.stderr
+        assert {row["deployment"] for row in json.loads(added.stdout)} >= {f"initialize/{name}",
+                                                                         f"run-migrations/{name}"}  # fmt: skip
+
+        stack.run("deployment", "run", f"initialize/{name}", "--param", 'include=["configmaps"]')
+        theirs = api_client_from_settings(Settings(kubeconfig=kubeconfig))
+
+        def succeeded() -> Any:
+            made = list_migrations(theirs)
+            return made if made and all(is_condition_true(m.status.conditions, "Succeeded") for m in made) else None
+
+        (migration,) = wait_for(succeeded, what=f"the configmaps migration of {name} to succeed", timeout=300)
+        assert migration.spec.resource.resource == "configmaps"
+        with SyncPrefectClient(api=stack.api_url) as client:
+            own = {client.read_deployment_by_name(f"{flow}/{name}").id: flow
+                   for flow in ("initialize", "run-migrations", "migrate-resource")}  # fmt: skip
+            runs = [r for r in client.read_flow_runs(limit=200) if f"cluster:{name}" in r.tags]
+        # Each of the chain's runs on the cluster's own deployment: its dispatcher slot, its pacing, its tags.
+        assert {own[r.deployment_id] for r in runs if r.deployment_id in own} == set(own.values()), [
+            (r.name, r.deployment_id) for r in runs]  # fmt: skip
+    default_after = {m.metadata.name for m in list_migrations(api_client_from_settings(
+        Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
+    assert default_after == default_before, "nothing was requested in the worker's own cluster"

@@ -1,0 +1,36 @@
+"""Our CRDs (deployments/crds/) into a cluster, for every tier: tests/conftest.py's session
+cluster, the integration tests' clusters of their own, and the e2e tier's (whose `conftest`
+is tests/e2e/conftest.py, hence a module of its own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+CRD_DIR = Path(__file__).resolve().parents[1] / "deployments" / "crds"
+
+
+def install_migration_crds(api: Any) -> None:
+    """`deployments/crds/` into a cluster (those already there are kept), served before returning."""
+    import time
+
+    import yaml
+    from kubernetes import client as k8s
+
+    ext = k8s.ApiextensionsV1Api(api)
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        try:
+            ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
+        except k8s.ApiException as exc:
+            if exc.status != 409:
+                raise
+    custom = k8s.CustomObjectsApi(api)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", "storageversionmigrations")
+            return
+        except k8s.ApiException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)

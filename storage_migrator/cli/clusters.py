@@ -13,8 +13,9 @@ need it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from kubernetes.client import ApiClient
@@ -31,6 +32,7 @@ __all__ = [
     "ClusterScope",
     "block_client",
     "connect",
+    "each_recorded_cluster",
     "recorded_clusters",
     "scope_of",
 ]
@@ -134,6 +136,26 @@ def recorded_clusters() -> list[str]:
     names.discard("")
     names.discard(DEFAULT_CLUSTER)
     return [DEFAULT_CLUSTER, *sorted(names)]
+
+
+T = TypeVar("T")
+
+
+def each_recorded_cluster(read: Callable[[str], list[T]]) -> tuple[list[tuple[str, T]], list[str]]:
+    """`read(cluster)` for every recorded cluster: (cluster, item) pairs, and why each cluster that could
+    not be read was not. One cluster's failure never hides the others' (issue 20, `--all-clusters`)."""
+    failed: list[str] = []
+    try:
+        names = recorded_clusters()
+    except ConnectionConfigError as exc:
+        names, failed = [DEFAULT_CLUSTER], [str(exc)]
+    found: list[tuple[str, T]] = []
+    for name in names:
+        try:
+            found += [(name, item) for item in read(name)]
+        except Exception as exc:  # noqa: BLE001 - reported, and the other clusters are still read
+            failed.append(f"cluster {name!r} could not be read: {exc}")
+    return found, failed
 
 
 def _cluster_of(variable: str) -> str:

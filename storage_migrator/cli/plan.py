@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 import typer
 
-from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, recorded_clusters, scope_of
+from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, each_recorded_cluster, scope_of
 from storage_migrator.cli.options import settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.detection.actions import (
@@ -29,8 +29,6 @@ from storage_migrator.detection.actions import (
 from storage_migrator.detection.changes import is_heartbeat
 from storage_migrator.detection.observation import observe_cluster
 from storage_migrator.detection.poll import plan_poll
-from storage_migrator.fleet.names import DEFAULT_CLUSTER
-from storage_migrator.kube.connection import ConnectionConfigError
 from storage_migrator.models import MIGRATIONS_KIND_NAME, STATES_KIND_NAME
 
 __all__ = ["command"]
@@ -108,18 +106,8 @@ def command(
 
 def _fleet(ctx: typer.Context) -> tuple[list[_Plan], list[str]]:
     """Every cluster's plan, and why each cluster that could not be read was not (the others are still planned)."""
-    failed: list[str] = []
-    try:
-        names = recorded_clusters()
-    except ConnectionConfigError as exc:
-        names, failed = [DEFAULT_CLUSTER], [str(exc)]
-    plans = []
-    for name in names:
-        try:
-            plans.append(_plan(ctx, name, named=True))
-        except Exception as exc:  # noqa: BLE001 - one cluster's failure is reported, the others are planned
-            failed.append(f"cluster {name!r} could not be read: {exc}")
-    return plans, failed
+    plans, failed = each_recorded_cluster(lambda name: [_plan(ctx, name, named=True)])
+    return [p for _, p in plans], failed
 
 
 def _fleet_table(plans: list[_Plan]) -> str:

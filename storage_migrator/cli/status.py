@@ -13,11 +13,9 @@ from datetime import UTC, datetime
 
 import typer
 
-from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, recorded_clusters, scope_of
+from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, each_recorded_cluster, scope_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.detection.states import list_states
-from storage_migrator.fleet.names import DEFAULT_CLUSTER
-from storage_migrator.kube.connection import ConnectionConfigError
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import MIGRATIONS_KIND_NAME, STATES_KIND_NAME
@@ -72,18 +70,7 @@ def _read(ctx: typer.Context, cluster: str, now: datetime) -> list[ResourceOverv
 
 def _fleet(ctx: typer.Context, now: datetime) -> tuple[list[tuple[str, ResourceOverview]], list[str]]:
     """Every cluster's rows, and why each cluster that could not be read was not (the others are still read)."""
-    failed: list[str] = []
-    try:
-        names = recorded_clusters()
-    except ConnectionConfigError as exc:
-        names, failed = [DEFAULT_CLUSTER], [str(exc)]
-    rows: list[tuple[str, ResourceOverview]] = []
-    for name in names:
-        try:
-            rows += [(name, r) for r in _read(ctx, name, now)]
-        except Exception as exc:  # noqa: BLE001 - one cluster's failure is reported, the others are shown
-            failed.append(f"cluster {name!r} could not be read: {exc}")
-    return rows, failed
+    return each_recorded_cluster(lambda name: _read(ctx, name, now))
 
 
 def command(

@@ -20,6 +20,7 @@ bucket alone keeps the rate (one worker's promise only).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
@@ -31,7 +32,7 @@ from uuid import UUID, uuid4
 from prefect import task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
-from prefect.exceptions import ObjectNotFound
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
@@ -75,9 +76,11 @@ def _ensure_writers_limit(client: object, name: str) -> None:
     try:
         client.read_global_concurrency_limit_by_name(name)  # type: ignore[attr-defined]
     except ObjectNotFound:
-        client.create_global_concurrency_limit(  # type: ignore[attr-defined]
-            GlobalConcurrencyLimitCreate(name=name, limit=WRITERS_LIMIT, slot_decay_per_second=0.0, active=True)
-        )
+        # another run may create it between our read and our create: the same counter
+        with contextlib.suppress(ObjectAlreadyExists):
+            client.create_global_concurrency_limit(  # type: ignore[attr-defined]
+                GlobalConcurrencyLimitCreate(name=name, limit=WRITERS_LIMIT, slot_decay_per_second=0.0, active=True)
+            )
 
 
 @task(name="ensure-write-rate-limit", **PRIVATE)
@@ -91,12 +94,18 @@ def ensure_write_rate_limit(name: str, writes_per_second: float, *, explicit: bo
             try:
                 existing = client.read_global_concurrency_limit_by_name(name)
             except ObjectNotFound:
-                client.create_global_concurrency_limit(
-                    GlobalConcurrencyLimitCreate(
-                        name=name, limit=local.batch, slot_decay_per_second=writes_per_second, active=True
+                try:
+                    client.create_global_concurrency_limit(
+                        GlobalConcurrencyLimitCreate(
+                            name=name, limit=local.batch, slot_decay_per_second=writes_per_second, active=True
+                        )
                     )
-                )
-                return local.model_copy(update={"name": name})
+                except ObjectAlreadyExists:
+                    # Two first runs of a budget at once (a new cluster's first dispatch starts two):
+                    # the second uses the one the first created, never local pacing beside it.
+                    existing = client.read_global_concurrency_limit_by_name(name)
+                else:
+                    return local.model_copy(update={"name": name})
             if explicit and existing.slot_decay_per_second != writes_per_second:
                 client.update_global_concurrency_limit(
                     name,

@@ -11,13 +11,18 @@ another writer waits before its first write.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.exceptions import ObjectNotFound
 
 from tasks.write_budget import (
     MAX_VIEW_AGE_SECONDS,
+    WRITERS_LIMIT,
     LeasedPacer,
     RateLimitInfo,
     chunk_pacer,
@@ -96,3 +101,45 @@ def test_an_operator_change_of_the_rate_reaches_running_migrations() -> None:
         while limiter.pace != pytest.approx(49.4) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert limiter.pace == pytest.approx(49.4)
+
+
+def test_two_first_runs_of_a_budget_at_once_both_use_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs that find no budget create it at once (a new cluster's first dispatch starts
+    two migrations; issue 20): the second create is refused (409). bench/fleet_budget.py saw
+    that run pace locally, hold no writer's lease, and the other, counting itself alone,
+    write at the whole budget beside it: twice the budget. Here the other run's creates land
+    between this run's reads and its creates, on the real server."""
+    import tasks.write_budget as write_budget
+
+    name = f"budget-race-{int(time.time() * 1000)}"
+    server = write_budget.get_client
+
+    class RivalCreatesFirst:
+        """The client of a run whose every read of a missing limit is followed by a rival's create."""
+
+        def __init__(self, client: Any) -> None:
+            self._client = client
+
+        def __getattr__(self, attr: str) -> Any:
+            return getattr(self._client, attr)
+
+        def read_global_concurrency_limit_by_name(self, limit_name: str) -> Any:
+            try:
+                return self._client.read_global_concurrency_limit_by_name(limit_name)
+            except ObjectNotFound:
+                budget = limit_name == name
+                with server(sync_client=True) as rival:
+                    rival.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(
+                        name=limit_name, limit=10 if budget else WRITERS_LIMIT, active=True,
+                        slot_decay_per_second=10.0 if budget else 0.0))  # fmt: skip
+                raise
+
+    @contextmanager
+    def raced(**kwargs: Any) -> Iterator[RivalCreatesFirst]:
+        with server(**kwargs) as client:
+            yield RivalCreatesFirst(client)
+
+    monkeypatch.setattr(write_budget, "get_client", raced)
+    info = ensure_write_rate_limit.fn(name, 10.0)
+    assert info.name == name, "the shared budget, not local pacing beside the run that created it"
+    assert info.writes_per_second == 10.0

@@ -35,6 +35,7 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalC
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.fleet.names import writers_limit_name
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
 from storage_migrator.migration.write_share import ShareView, WindowedLimiter, join_wait
 from tasks.common import PRIVATE
@@ -66,10 +67,6 @@ class RateLimitInfo(BaseModel):
 def batch_for(rate: float) -> int:
     """About one second of writes."""
     return max(1, math.floor(rate))
-
-
-def writers_limit_name(name: str) -> str:
-    return f"{name}-writers"
 
 
 def _ensure_writers_limit(client: object, name: str) -> None:
@@ -113,7 +110,8 @@ def ensure_write_rate_limit(name: str, writes_per_second: float, *, explicit: bo
                 )
                 return local.model_copy(update={"name": name})
     except Exception as exc:  # noqa: BLE001 - no reachable Prefect API: pace locally
-        log.warning("write budget %s unavailable (%s): pacing writes locally at %s/s", name, exc, writes_per_second)
+        log.warning("write budget %s unavailable (%s: %s): pacing writes locally at %s/s", name, type(exc).__name__, exc,
+                    writes_per_second)  # fmt: skip
         return local
     if not existing.active or not existing.slot_decay_per_second:
         log.warning("global concurrency limit %s is inactive or has no slot decay: pacing writes locally", name)
@@ -234,7 +232,7 @@ def writer_lease(info: RateLimitInfo) -> Iterator[RateLimitInfo]:
     try:
         lease.join()
     except Exception as exc:  # noqa: BLE001 - no writers limit reachable: local pacing only
-        log.warning("write budget %s unavailable (%s): pacing writes locally", info.name, exc)
+        log.warning("write budget %s unavailable (%s: %s): pacing writes locally", info.name, type(exc).__name__, exc)
         yield info.model_copy(update={"name": None})
         return
     with _HELD_LOCK:
@@ -272,7 +270,8 @@ def rejoin_writer(info: RateLimitInfo) -> None:
     try:
         lease.join()
     except Exception as exc:  # noqa: BLE001 - chunk_pacer falls back to a lease per chunk
-        log.warning("write budget %s unavailable (%s): the pass joins chunk by chunk", info.name, exc)
+        log.warning("write budget %s unavailable (%s: %s): the pass joins chunk by chunk", info.name, type(exc).__name__,
+                    exc)  # fmt: skip
         return
     with _HELD_LOCK:
         _HELD[info.holder] = lease

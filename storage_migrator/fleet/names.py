@@ -19,6 +19,7 @@ __all__ = [
     "deployment_name",
     "identity_variable",
     "scoped_key",
+    "writers_limit_name",
 ]
 
 #: The name of the cluster of the environment (no block named).
@@ -27,12 +28,22 @@ DEFAULT_CLUSTER = "default"
 _BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
+#: A budget's companion limit, which counts the writers sharing it (tasks/write_budget.py).
+_WRITERS = "writers"
+
+
 def _slug(cluster: str) -> str:
     """The name itself, never a mapping of it: two clusters must never share a budget or a record."""
     if not _BLOCK_NAME.match(cluster):
         raise ValueError(
             f"cluster {cluster!r} is not a KubernetesClusterConfig block name: lowercase letters, digits and "
             "dashes, as Prefect names blocks"
+        )
+    if cluster == _WRITERS or cluster.endswith(f"-{_WRITERS}"):
+        # Its budget `<base>-x-writers` would be the writers' counter of cluster `x` (or of the default's).
+        raise ValueError(
+            f"cluster {cluster!r}: a cluster's name may not end in {_WRITERS!r}, which names another cluster's "
+            "count of writers; give the KubernetesClusterConfig block another name"
         )
     return cluster
 
@@ -60,6 +71,11 @@ def budget_limit_name(base: str, cluster: str | None) -> str:
     """The global concurrency limit of a cluster's writes: `base` for the default cluster."""
     block = block_of(cluster)
     return base if block is None else f"{base}-{block}"
+
+
+def writers_limit_name(budget: str) -> str:
+    """The limit counting the writers of `budget` (`_slug` keeps it from being another cluster's budget)."""
+    return f"{budget}-{_WRITERS}"
 
 
 def cluster_tag(cluster: str | None) -> str:

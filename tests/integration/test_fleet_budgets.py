@@ -35,9 +35,8 @@ from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.codec import decode
 from kubesim.etcd import EtcdStore, prefix_end
-from storage_migrator.fleet.names import budget_limit_name
+from storage_migrator.fleet.names import budget_limit_name, writers_limit_name
 from storage_migrator.migration.write_share import WINDOW_SECONDS
-from tasks.write_budget import writers_limit_name
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api", "migration_crds")]
 

@@ -20,6 +20,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.exceptions import ObjectNotFound
 
+from storage_migrator.fleet.names import writers_limit_name
 from tasks.write_budget import (
     MAX_VIEW_AGE_SECONDS,
     WRITERS_LIMIT,
@@ -29,7 +30,6 @@ from tasks.write_budget import (
     ensure_write_rate_limit,
     release_writer,
     writer_lease,
-    writers_limit_name,
 )
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

@@ -71,3 +71,17 @@ def test_a_fleet_verdict_is_each_clusters_own_and_completed_only_when_all_are() 
     assert fleet_verdict("rotation to key key2", [a]).completed
     with pytest.raises(ValueError, match="no cluster"):
         fleet_verdict("rotation to key key2", [])
+
+
+@pytest.mark.parametrize("name", ["writers", "prod-writers"])
+def test_a_name_that_would_be_another_clusters_writers_counter_is_refused(name: str) -> None:
+    """Issue 20: "Two clusters migrating at once each get their full budget". Cluster `prod-writers`'s
+    budget would be named as cluster `prod`'s count of writers (and `writers`'s as the default's)."""
+    from storage_migrator.fleet.names import writers_limit_name
+
+    assert writers_limit_name(budget_limit_name("storage-migrator-writes", "prod")) == (
+        "storage-migrator-writes-prod-writers"
+    )
+    with pytest.raises(ValueError, match="may not end in 'writers'"):
+        budget_limit_name("storage-migrator-writes", name)
+    assert budget_limit_name("storage-migrator-writes", "writers-eu") == "storage-migrator-writes-writers-eu"

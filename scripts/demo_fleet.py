@@ -27,9 +27,10 @@ from storage_migrator.settings import Settings
 NAME = "cluster-b"
 
 
-def storage_migrator(stack: PrefectStack, *args: str) -> str:
-    """The CLI as an operator runs it, against the demo's Prefect server."""
-    done = subprocess.run([sys.executable, "-m", "storage_migrator.cli", *args], cwd=REPO, env=stack.env,
+def storage_migrator(stack: PrefectStack, kubeconfig: Path, *args: str) -> str:
+    """The CLI as an operator runs it: against the demo's Prefect server, `kubeconfig` its default cluster."""
+    env = {**stack.env, "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig)}
+    done = subprocess.run([sys.executable, "-m", "storage_migrator.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     return done.stdout + done.stderr
 
@@ -54,7 +55,7 @@ def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_ad
             print(f"\n8. A second cluster, {NAME}: kubesim on {cluster.server.url}, named by a block of that name")
             seed(api, objects)
             save_block(stack, Path(kubeconfig))
-            print(storage_migrator(stack, "fleet", "add", NAME))
+            print(storage_migrator(stack, workdir / "kubeconfig", "fleet", "add", NAME))
             started = time.monotonic()
             stack.run("deployment", "run", f"detect-storage-changes/{NAME}", "--watch")
             wait_for_migrations(api, timeout=900)
@@ -74,9 +75,9 @@ def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_ad
                 secrets = report(f"   {name}:", store)["secrets"]
                 ok = ok and set(secrets) == {"encrypted with key3"}
             print("\n   storage-migrator status --all-clusters")
-            print(storage_migrator(stack, "status", "--all-clusters"))
+            print(storage_migrator(stack, workdir / "kubeconfig", "status", "--all-clusters"))
             print("   storage-migrator history --all-clusters --limit 8")
-            print(storage_migrator(stack, "history", "--all-clusters", "--limit", "8"))
+            print(storage_migrator(stack, workdir / "kubeconfig", "history", "--all-clusters", "--limit", "8"))
             print(f"   Both clusters' Secrets are under key3 only: {'yes' if ok else 'NO'}. In the Prefect UI, "
                   f"filter the runs by tag cluster:{NAME} or cluster:default.")  # fmt: skip
             return ok

@@ -4,8 +4,8 @@
 #
 # Without arguments the tests run in two lanes at once: the e2e tier (Prefect
 # servers and workers of its own; its time is mostly spent waiting for flow runs
-# to start, on two workers of its own) beside everything else, which pytest-xdist
-# splits over two workers by file. Each lane, and each worker, is a pytest session with its own etcd,
+# to start) beside everything else, which pytest-xdist splits over two workers by
+# file. Each lane, and each worker, is a pytest session with its own etcd,
 # kubesim and Prefect server: most tests wait on servers and flow runs, so three
 # sessions share the 2 cores CI has. With arguments, one pytest run takes them.
 set -euo pipefail
@@ -26,9 +26,8 @@ fi
 
 e2e_log=$(mktemp -t storage-migrator-e2e.XXXXXX)
 trap 'rm -f "$e2e_log"' EXIT
-# --durations: the slowest tests of each lane, to keep the run under its 12 minutes. The e2e
-# tier on two workers (each mostly waits for flow runs): the shared server's tests on one.
-uv run pytest tests/e2e -n 2 --dist loadgroup --durations=10 >"$e2e_log" 2>&1 &
+# --durations: the slowest tests of each lane, to keep the run under its 15 minutes.
+uv run pytest tests/e2e --durations=10 >"$e2e_log" 2>&1 &
 e2e_pid=$!
 rest=0
 uv run pytest --ignore=tests/e2e -n 2 --dist loadfile --durations=25 || rest=$?

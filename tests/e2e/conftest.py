@@ -48,13 +48,8 @@ def deployed_stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactor
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The shared server's tests last, in their order (see the module docstring); for
-    `-n 2 --dist loadgroup` (scripts/test.sh), the shared server's tests are one group, so
-    that one worker starts it once, and every other test file a group of its own."""
+    """The shared server's tests last, in their order (see the module docstring)."""
     items.sort(key=lambda item: SHARED in getattr(item, "fixturenames", ()))
-    for item in items:
-        shared = SHARED in getattr(item, "fixturenames", ())
-        item.add_marker(pytest.mark.xdist_group(SHARED if shared else item.path.stem))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

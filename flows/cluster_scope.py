@@ -1,7 +1,7 @@
 """Which cluster a flow run is for, said once at its start (issue 20).
 
 Every flow takes `cluster`, the name of a KubernetesClusterConfig block (left
-out: the environment's cluster, `default`). `enter_cluster` is the first thing
+out: the environment's cluster, `default`). `entered_cluster` is the first thing
 each run does: it checks the cluster is the one recorded under that name
 (before anything is written), tags the run `cluster:<name>`, and makes every
 event the run emits carry the cluster (flows/events.py). `run_for_cluster`

@@ -120,12 +120,12 @@ def test_a_request_applied_with_kubectl_is_run_by_run_migrations(
     api.close()
 
 
-def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(
-    stack: PrefectStack, kubesim: Any, tmp_path: Path, wait_for: Any
-) -> None:
+def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(stack: PrefectStack, kubesim: Any,
+                                                                    tmp_path: Path) -> None:  # fmt: skip
     """Issue 20: "Adding a cluster means one block plus one command", and a run for a cluster
     starts its children on that cluster's deployments. The worker's own kubeconfig is the
-    shared cluster (its default); the second cluster is reached through its block only."""
+    shared cluster (its default); the second cluster is reached through its block only. The
+    operator requests with `kubectl apply` and waits with `kubectl wait`, on that cluster."""
     import uuid
 
     from crd_install import install_migration_crds
@@ -138,6 +138,11 @@ def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     default_before = {m.metadata.name for m in list_migrations(api_client_from_settings(
         Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
+    manifest = tmp_path / "svm.yaml"
+    manifest.write_text(json.dumps({
+        "apiVersion": "migration.k8s.io/v1alpha1", "kind": "StorageVersionMigration",
+        "metadata": {"name": "fleet-configmaps"}, "spec": {"resource": {"version": "v1", "resource": "configmaps"}},
+    }))  # fmt: skip
     with Cluster() as other:
         kubeconfig = other.write_kubeconfig(tmp_path / "other.kubeconfig")
         with k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
@@ -150,25 +155,30 @@ def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(
         added = subprocess.run(["storage-migrator", "fleet", "add", name, "-o", "json"], env=stack.env,
                                capture_output=True, text=True, timeout=120)  # fmt: skip
         assert added.returncode == 0, added.stderr
-        assert {row["deployment"] for row in json.loads(added.stdout)} >= {f"initialize/{name}",
-                                                                         f"run-migrations/{name}"}  # fmt: skip
+        assert {row["deployment"] for row in json.loads(added.stdout)} >= {f"run-migrations/{name}",
+                                                                         f"migrate-resource/{name}"}  # fmt: skip
 
-        stack.run("deployment", "run", f"initialize/{name}", "--param", 'include=["configmaps"]')
-        theirs = api_client_from_settings(Settings(kubeconfig=kubeconfig))
-
-        def succeeded() -> Any:
-            made = list_migrations(theirs)
-            return made if made and all(is_condition_true(m.status.conditions, "Succeeded") for m in made) else None
-
-        (migration,) = wait_for(succeeded, what=f"the configmaps migration of {name} to succeed", timeout=300)
-        assert migration.spec.resource.resource == "configmaps"
+        kubectl = ["kubectl", "--kubeconfig", str(kubeconfig)]
+        subprocess.run([*kubectl, "apply", "-f", str(manifest)], check=True, capture_output=True, timeout=60)
+        stack.run("deployment", "run", f"run-migrations/{name}")
+        waited = subprocess.run([*kubectl, "wait", "--for=condition=Succeeded", "--timeout=240s",
+                                 "storageversionmigrations.migration.k8s.io/fleet-configmaps"],
+                                capture_output=True, text=True, timeout=260)  # fmt: skip
+        assert waited.returncode == 0, waited.stderr
         with SyncPrefectClient(api=stack.api_url) as client:
             own = {client.read_deployment_by_name(f"{flow}/{name}").id: flow
-                   for flow in ("initialize", "run-migrations", "migrate-resource")}  # fmt: skip
+                   for flow in ("run-migrations", "migrate-resource")}  # fmt: skip
             runs = [r for r in client.read_flow_runs(limit=200) if f"cluster:{name}" in r.tags]
-        # Each of the chain's runs on the cluster's own deployment: its dispatcher slot, its pacing, its tags.
+        # The dispatcher and the migration, each on the cluster's own deployment: its slot, its budget, its tags.
         assert {own[r.deployment_id] for r in runs if r.deployment_id in own} == set(own.values()), [
             (r.name, r.deployment_id) for r in runs]  # fmt: skip
+        # Gone with its cluster: no 10-minute poll of a cluster that is no more (the block stays, it says).
+        removed = subprocess.run(["storage-migrator", "fleet", "remove", name], env=stack.env, capture_output=True,
+                                 text=True, timeout=120)  # fmt: skip
+        assert removed.returncode == 0, removed.stderr
+        with SyncPrefectClient(api=stack.api_url) as client:
+            left = [d.name for d in client.read_deployments() if f"cluster:{name}" in (d.tags or [])]
+        assert left == []
     default_after = {m.metadata.name for m in list_migrations(api_client_from_settings(
         Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
     assert default_after == default_before, "nothing was requested in the worker's own cluster"

@@ -309,6 +309,7 @@ def test_the_runs_page_lists_migrations_by_name_with_their_resource(ran: Ran, pa
         expect(listed).to_have_count(1)
         expect(listed).to_contain_text(f"resource:{run.resource}")
         expect(listed).to_contain_text(f"migration:{run.migration}")
+        expect(listed).to_contain_text("cluster:default")  # issue 20: which cluster, in a fleet's one UI
         expect(listed).to_contain_text(state)
     document(page, "runs", show=card(page, ran.failed.name), where="start")
 

@@ -1,9 +1,11 @@
-"""Our CRDs (deployments/crds/) into a cluster, for every tier: tests/conftest.py's session
-cluster, the integration tests' clusters of their own, and the e2e tier's (whose `conftest`
-is tests/e2e/conftest.py, hence a module of its own)."""
+"""Our CRDs (deployments/crds/) into a cluster, and a cluster of its own with them, for every
+tier: tests/conftest.py's session cluster, the integration tests' clusters of their own, and
+the e2e tier's (whose `conftest` is tests/e2e/conftest.py, hence a module of its own)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,3 +36,18 @@ def install_migration_crds(api: Any) -> None:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+@contextmanager
+def cluster_with_crds(kubeconfig: Path) -> Iterator[Any]:
+    """Another kubesim cluster over an etcd of its own, its kubeconfig written to `kubeconfig`,
+    our CRDs served: a fleet's second cluster (issue 20)."""
+    from kubernetes import config as k8s_config
+
+    from kubesim.cluster import Cluster
+
+    with Cluster() as other:
+        other.write_kubeconfig(kubeconfig)
+        with k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
+            install_migration_crds(api)
+        yield other

@@ -128,12 +128,10 @@ def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(stack: Prefe
     operator requests with `kubectl apply` and waits with `kubectl wait`, on that cluster."""
     import uuid
 
-    from crd_install import install_migration_crds
+    from crd_install import cluster_with_crds
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_kubernetes.credentials import KubernetesClusterConfig
-
-    from kubesim.cluster import Cluster
 
     name = f"e2e-{uuid.uuid4().hex[:6]}"
     default_before = {m.metadata.name for m in list_migrations(api_client_from_settings(
@@ -143,10 +141,9 @@ def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(stack: Prefe
         "apiVersion": "migration.k8s.io/v1alpha1", "kind": "StorageVersionMigration",
         "metadata": {"name": "fleet-configmaps"}, "spec": {"resource": {"version": "v1", "resource": "configmaps"}},
     }))  # fmt: skip
-    with Cluster() as other:
-        kubeconfig = other.write_kubeconfig(tmp_path / "other.kubeconfig")
+    kubeconfig = tmp_path / "other.kubeconfig"
+    with cluster_with_crds(kubeconfig):
         with k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
-            install_migration_crds(api)
             for i in range(5):
                 k8s.CoreV1Api(api).create_namespaced_config_map("default", k8s.V1ConfigMap(
                     metadata=k8s.V1ObjectMeta(name=f"fleet-{i}")))  # fmt: skip

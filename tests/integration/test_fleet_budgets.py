@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Kubesim, install_migration_crds
+from conftest import Kubesim
+from crd_install import cluster_with_crds
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prefect.client.orchestration import get_client
@@ -75,13 +76,10 @@ def make_configmaps(kubeconfig: str | Path, namespace: str, count: int) -> None:
 @pytest.fixture
 def cluster_b(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
     """A second cluster with its own etcd and our CRDs, its ConfigMaps to migrate in `default`."""
-    with Cluster() as other:
-        kubeconfig = other.write_kubeconfig(tmp_path / "cluster-b.kubeconfig")
-        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
-        install_migration_crds(api)
-        api.close()
+    kubeconfig = tmp_path / "cluster-b.kubeconfig"
+    with cluster_with_crds(kubeconfig) as other:
         make_configmaps(kubeconfig, "default", OBJECTS)
-        yield other, Path(kubeconfig)
+        yield other, kubeconfig
 
 
 def patches_per_tenth(admin: Admin, *, since: int) -> dict[int, int]:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Kubesim, install_migration_crds, wait_until
+from conftest import Kubesim, wait_until
+from crd_install import cluster_with_crds
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prefect.client.orchestration import get_client
@@ -37,15 +38,12 @@ FAST: dict[str, Any] = {"write_rate_per_second": 2000.0, "write_concurrency": 8,
 @pytest.fixture
 def cluster_b(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
     """A second cluster, with its own etcd and our CRDs, and one ConfigMap to migrate."""
-    with Cluster() as other:
-        kubeconfig = other.write_kubeconfig(tmp_path / "cluster-b.kubeconfig")
-        api = k8s_config.new_client_from_config(config_file=str(kubeconfig))
-        install_migration_crds(api)
+    kubeconfig = tmp_path / "cluster-b.kubeconfig"
+    with cluster_with_crds(kubeconfig) as other, k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
         k8s.CoreV1Api(api).create_namespaced_config_map(
             "default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="only-in-b"), data={"k": "v"})
         )
-        api.close()
-        yield other, Path(kubeconfig)
+        yield other, kubeconfig
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import install_migration_crds
+from crd_install import cluster_with_crds
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from prefect.client.orchestration import get_client
@@ -51,14 +51,15 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
     monkeypatch.delenv("STORAGE_MIGRATOR_KUBECONFIG", raising=False)
     suffix = uuid.uuid4().hex[:6]
-    with Cluster() as first, Cluster() as second:
+    a, b = f"a-{suffix}", f"b-{suffix}"
+    with cluster_with_crds(tmp_path / f"{a}.kubeconfig") as first, \
+            cluster_with_crds(tmp_path / f"{b}.kubeconfig") as second:  # fmt: skip
         clusters = {}
-        for name, cluster in ((f"a-{suffix}", first), (f"b-{suffix}", second)):
-            kubeconfig = cluster.write_kubeconfig(tmp_path / f"{name}.kubeconfig")
+        for name, cluster in ((a, first), (b, second)):
+            kubeconfig = tmp_path / f"{name}.kubeconfig"
             admin = Admin.from_kubeconfig(kubeconfig)
             admin.set_encryption(["key1"], resources=["secrets"])
             with k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
-                install_migration_crds(api)
                 for secret in SECRETS:
                     k8s.CoreV1Api(api).create_namespaced_secret("default", k8s.V1Secret(
                         metadata=k8s.V1ObjectMeta(name=secret), string_data={"v": secret}))  # fmt: skip

@@ -51,7 +51,7 @@ from storage_migrator.agreement.storage_versions import (
     StorageVersionObservation,
     decide_agreement,
 )
-from storage_migrator.fleet.names import DEFAULT_CLUSTER, budget_limit_name, scoped_key
+from storage_migrator.fleet.names import budget_limit_name, cluster_name, scoped_key
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
 from storage_migrator.migration.dispatch import was_presumed_dead
@@ -338,7 +338,7 @@ def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, ve
         resource=handle.group_resource, version=handle.version, target_hash=handle.target_hash,
         encryption_key=handle.encryption_key, requested_by=handle.requested_by,
         flow_run_id=str(flow_run.id) if flow_run.id else None,
-        cluster=settings.cluster_config_block or DEFAULT_CLUSTER,
+        cluster=cluster_name(settings.cluster_config_block),
     )  # fmt: skip
     try:
         return _run(settings, handle, rec, explicit_rate=explicit_rate)

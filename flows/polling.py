@@ -24,7 +24,7 @@ from storage_migrator.detection.observation import Observations
 from storage_migrator.detection.planner import DETECTION_LABEL_VALUE, DeleteMigration, DetectionPlan
 from storage_migrator.detection.poll import plan_poll
 from storage_migrator.detection.tracking import select_resources
-from storage_migrator.fleet.names import DEFAULT_CLUSTER, scoped_key
+from storage_migrator.fleet.names import cluster_name, scoped_key
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import PollRecord
@@ -92,7 +92,7 @@ def carry_out(
     # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
     writer_from_settings(settings).submit(PollRecord(
         started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,
-        cluster=settings.cluster_config_block or DEFAULT_CLUSTER,
+        cluster=cluster_name(settings.cluster_config_block),
         resources_seen=len(tracked(seen, settings)), changes=len(applied.done) - applied.heartbeats,
         requests_made=len(applied.created_migrations),
         errors=len(applied.errors), flow_run_id=str(flow_run.id) if flow_run.id else None,

@@ -33,7 +33,7 @@ from storage_migrator.detection.planner import (
     UpdateState,
 )
 from storage_migrator.detection.states import create_state, write_state
-from storage_migrator.fleet.names import DEFAULT_CLUSTER
+from storage_migrator.fleet.names import cluster_name
 from storage_migrator.kube.crds import CRDS
 from storage_migrator.kube.errors import Forbidden, KubeError, NotFound
 from storage_migrator.kube.writing import delete_object, patch_object
@@ -133,7 +133,7 @@ def apply_plan(
             applied.done.append(done)
             logger.info("%s", done)
             if change is not None:
-                ledger.submit(change.model_copy(update={"cluster": settings.cluster_config_block or DEFAULT_CLUSTER}))
+                ledger.submit(change.model_copy(update={"cluster": cluster_name(settings.cluster_config_block)}))
             elif isinstance(action, UpdateState):
                 applied.heartbeats += 1
     return applied

@@ -159,17 +159,21 @@ class PrefectStack:
         extra = ["--prefect-file", str(prefect_file)] if prefect_file else []
         self.run("--no-prompt", "deploy", "--all", *extra)
 
-    def start_worker(self, name: str = "worker", *, limit: int = 8, env: dict[str, str] | None = None) -> None:
-        """`prefect worker start --name NAME --limit LIMIT`; its log is `<home>/<name>.log`.
+    def start_worker(
+        self, name: str = "worker", *, limit: int = 8, queues: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> None:
+        """`prefect worker start --name NAME --limit LIMIT [--work-queue Q]...`; its log is `<home>/<name>.log`.
 
         `limit` is how many flow runs it runs at once; a worker that is full
-        leaves the pool's other runs to the other workers.
+        leaves the pool's other runs to the other workers. `queues`: only these
+        of the pool's queues (none: every queue).
         """
         if name in self._workers:
             raise ValueError(f"a worker named {name!r} is already running")
         log = self._log(name)
         self._workers[name] = subprocess.Popen(
-            [*_prefect(), "worker", "start", "--pool", POOL, "--name", name, "--limit", str(limit)],
+            [*_prefect(), "worker", "start", "--pool", POOL, "--name", name, "--limit", str(limit),
+             *(arg for queue in queues for arg in ("--work-queue", queue))],
             # Poll for new runs every 2 s instead of 10: runs start sooner on a laptop.
             cwd=REPO, env={**self.env, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env, **(env or {})},
             stdout=log, stderr=log,

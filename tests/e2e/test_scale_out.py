@@ -175,10 +175,15 @@ def prepare(stack: PrefectStack, kubesim: Any, namespace: str) -> tuple[dict[str
 
     def boot() -> None:
         stack.start_server()
-        # alpha first, alone, so that it takes the dispatcher (run-migrations) and keeps it;
-        # it starts while the deployments are made (a worker creates its pool if need be).
+        # alpha alone pulls from every queue, beta from `default` only, and run-migrations is
+        # moved to a queue of its own: so alpha takes the dispatcher (and keeps it through the
+        # crash) while both workers are already polling when it hands out the migrations.
+        # Starting beta after the dispatch raced alpha's migrations on a loaded machine: they
+        # could be done before beta ran one (CI, 2026-11-26), and nothing then ran at once.
         stack.start_worker(KEEPER, limit=3)
         stack.deploy()
+        dispatch_from_a_queue_of_its_own(stack)
+        stack.start_worker(VICTIM, limit=1, queues=("default",))
 
     with ThreadPoolExecutor(max_workers=1) as booting:  # the server starts while the objects are made
         booted = booting.submit(boot)
@@ -193,6 +198,17 @@ def prepare(stack: PrefectStack, kubesim: Any, namespace: str) -> tuple[dict[str
     names = {r: create_migration(ours, new_storage_version_migration(group="", version="v1", resource=r)).metadata.name
              or "" for r in RESOURCES}  # fmt: skip
     return totals, names
+
+
+def dispatch_from_a_queue_of_its_own(stack: PrefectStack) -> None:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    with SyncPrefectClient(api=stack.api_url) as client:
+        deployment = client.read_deployment_by_name("run-migrations/run-migrations")
+        client.update_deployment(
+            deployment.id, DeploymentUpdate(work_pool_name=deployment.work_pool_name, work_queue_name="dispatch")
+        )
 
 
 def history(stack: PrefectStack) -> dict[str, Any]:
@@ -228,9 +244,10 @@ def run_kill_and_resume(stack: PrefectStack, ours: Any, names: dict[str, str], w
     migration has a checkpoint; returns when every request has Succeeded."""
     # Two workers on one pool. alpha runs three flow runs at most: the dispatcher and two
     # migrations; beta, which runs one at a time, gets the third.
+    wait_for(lambda: f"Worker {VICTIM!r} started!" in stack.worker_log(VICTIM), timeout=120,
+             what=f"{VICTIM} to poll the pool")  # fmt: skip
     stack.run("deployment", "run", "run-migrations/run-migrations")
     wait_for(lambda: submitted(stack, KEEPER), timeout=90, what=f"{KEEPER} to take the run-migrations run")
-    stack.start_worker(VICTIM, limit=1)
 
     def victim_mid_run() -> list[str]:
         """beta's migrations with a checkpoint and not done, once alpha runs a migration too:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,27 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds")]
 
 
 @pytest.fixture
-def stack(deployed_stack: PrefectStack) -> PrefectStack:
+def stack(deployed_stack: PrefectStack, wait_for: Any) -> Iterator[PrefectStack]:
     """The e2e tier's shared server (tests/e2e/conftest.py): on PostgreSQL (issue 13: the
-    documented choice for a shared server); test_schedule.py keeps the SQLite default."""
-    return deployed_stack
+    documented choice for a shared server); test_schedule.py keeps the SQLite default.
+
+    Its 10-minute detection schedule is paused for each test, and the test starts once no run
+    is under way (an earlier test's run-migrations ends with a poll): a poll of the worker's own
+    cluster requests migrations there, and one inside a test would change what the test counts
+    (CI, 2026-11-26: the scheduled poll requested the last resources of its list while the fleet
+    test compared the worker's own cluster's requests before and after). test_schedule.py tests
+    the schedule on a server of its own."""
+    from prefect.client.orchestration import SyncPrefectClient
+
+    with SyncPrefectClient(api=deployed_stack.api_url) as client:
+        poll = client.read_deployment_by_name("detect-storage-changes/detect-storage-changes")
+        client.pause_deployment(poll.id)  # its auto-scheduled runs are deleted with it
+    try:
+        wait_for(lambda: not runs_under_way(deployed_stack), what="no flow run under way before the test")
+        yield deployed_stack
+    finally:
+        with SyncPrefectClient(api=deployed_stack.api_url) as client:
+            client.resume_deployment(poll.id)
 
 
 def flow_runs(stack: PrefectStack) -> list[Any]:
@@ -120,22 +138,48 @@ def test_a_request_applied_with_kubectl_is_run_by_run_migrations(
     api.close()
 
 
+def runs_under_way(stack: PrefectStack) -> list[str]:
+    """Flow runs of the server that are due and not yet at an end (a schedule's later runs are not due)."""
+    from datetime import UTC, datetime
+
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+
+    busy = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]
+    with SyncPrefectClient(api=stack.api_url) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+            type=FlowRunFilterStateType(any_=busy))))  # fmt: skip
+    now = datetime.now(UTC)
+    return [r.name for r in runs if not (r.state_type == StateType.SCHEDULED and r.expected_start_time
+                                         and r.expected_start_time > now)]  # fmt: skip
+
+
 def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(stack: PrefectStack, kubesim: Any,
-                                                                    tmp_path: Path) -> None:  # fmt: skip
+                                                                    tmp_path: Path, wait_for: Any) -> None:  # fmt: skip
     """Issue 20: "Adding a cluster means one block plus one command", and a run for a cluster
     starts its children on that cluster's deployments. The worker's own kubeconfig is the
     shared cluster (its default); the second cluster is reached through its block only. The
     operator requests with `kubectl apply` and waits with `kubectl wait`, on that cluster."""
     import uuid
 
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    default_before = {m.metadata.name for m in list_migrations(api_client_from_settings(
+        Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
+    run_on_an_added_cluster(stack, name, tmp_path, wait_for)
+    default_after = {m.metadata.name for m in list_migrations(api_client_from_settings(
+        Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
+    assert default_after == default_before, "nothing was requested in the worker's own cluster"
+
+
+def run_on_an_added_cluster(stack: PrefectStack, name: str, tmp_path: Path, wait_for: Any) -> None:
+    """A second cluster, its block, `fleet add`; a request applied there with kubectl and run by
+    its own run-migrations; `kubectl wait` there; then `fleet remove`."""
     from crd_install import cluster_with_crds
     from prefect.client.orchestration import SyncPrefectClient
     from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    default_before = {m.metadata.name for m in list_migrations(api_client_from_settings(
-        Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
     manifest = tmp_path / "svm.yaml"
     manifest.write_text(json.dumps({
         "apiVersion": "migration.k8s.io/v1alpha1", "kind": "StorageVersionMigration",
@@ -162,6 +206,8 @@ def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(stack: Prefe
                                  "storageversionmigrations.migration.k8s.io/fleet-configmaps"],
                                 capture_output=True, text=True, timeout=260)  # fmt: skip
         assert waited.returncode == 0, waited.stderr
+        # Its run-migrations ends with a poll of the cluster: whatever it writes, it has written.
+        wait_for(lambda: not runs_under_way(stack), what=f"every run for {name} to end")
         with SyncPrefectClient(api=stack.api_url) as client:
             own = {client.read_deployment_by_name(f"{flow}/{name}").id: flow
                    for flow in ("run-migrations", "migrate-resource")}  # fmt: skip
@@ -176,6 +222,3 @@ def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(stack: Prefe
         with SyncPrefectClient(api=stack.api_url) as client:
             left = [d.name for d in client.read_deployments() if f"cluster:{name}" in (d.tags or [])]
         assert left == []
-    default_after = {m.metadata.name for m in list_migrations(api_client_from_settings(
-        Settings(kubeconfig=kubesim.kubeconfig)))}  # fmt: skip
-    assert default_after == default_before, "nothing was requested in the worker's own cluster"

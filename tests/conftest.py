@@ -178,15 +178,20 @@ def clean_slate(kubesim: Kubesim, migration_crds: None) -> Iterator[Any]:
 
 
 def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float = 180) -> Any:
-    """Poll `predicate` once a second until it returns something true; fail the test after `timeout`."""
+    """Poll `predicate` until it returns something true; fail the test after `timeout`.
+
+    The first polls come 0.1 s apart, then twice as far apart each time, up to a second: a
+    state reached at once ends the wait at once, and a long wait costs a call a second."""
     import time
 
     deadline = time.monotonic() + timeout
+    pause = 0.1
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(1)
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 

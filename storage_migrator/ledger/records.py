@@ -6,18 +6,25 @@ and only the writer turns them into ORM rows, in its own thread and session.
 Names, tokens, hashes and counters only: there is no field an object body fits
 in (DESIGN 8). Every record of a run or a poll names its cluster (issue 20),
 the environment's (`default`) unless told.
+
+Issue 29: a record names its table (`row`, a class of schema.py) instead of
+holding it, so that making a record imports no SQLAlchemy: a flow-run process
+loads it in the writer's thread, when the first row is written, not before
+its first task.
 """
 
 from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Annotated, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.fleet.names import DEFAULT_CLUSTER
-from storage_migrator.ledger.schema import Base, ChunkRow, PollRow, RunOutcomeRow, RunRow, StateChangeRow
+
+if TYPE_CHECKING:
+    from storage_migrator.ledger.schema import Base
 
 __all__ = ["ChunkRecord", "LedgerRecord", "Outcome", "PollRecord", "RunFinished", "RunStarted", "StateChange"]
 
@@ -33,10 +40,17 @@ class LedgerRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     kind: ClassVar[str] = "row"
-    table: ClassVar[type[Base]]
+    #: The ORM class of its table in storage_migrator/ledger/schema.py.
+    row: ClassVar[str]
 
     def to_row(self) -> Base:
-        return self.table(**self.model_dump())
+        return self._table()(**self.model_dump())
+
+    def _table(self) -> type[Base]:
+        from storage_migrator.ledger import schema  # the writer's thread: see the module docstring
+
+        table: type[Base] = getattr(schema, self.row)
+        return table
 
     @property
     def resource_name(self) -> str | None:
@@ -64,7 +78,7 @@ class Counted(LedgerRecord):
 
 class RunStarted(LedgerRecord):
     kind: ClassVar[str] = "run"
-    table: ClassVar[type[Base]] = RunRow
+    row: ClassVar[str] = "RunRow"
 
     cluster: Cluster = DEFAULT_CLUSTER
     run_id: str
@@ -82,7 +96,7 @@ class RunStarted(LedgerRecord):
 
 class RunFinished(Counted):
     kind: ClassVar[str] = "outcome"
-    table: ClassVar[type[Base]] = RunOutcomeRow
+    row: ClassVar[str] = "RunOutcomeRow"
 
     cluster: Cluster = DEFAULT_CLUSTER
     run_id: str
@@ -101,7 +115,7 @@ class RunFinished(Counted):
 
 class ChunkRecord(Counted):
     kind: ClassVar[str] = "chunk"
-    table: ClassVar[type[Base]] = ChunkRow
+    row: ClassVar[str] = "ChunkRow"
 
     cluster: Cluster = DEFAULT_CLUSTER
     run_id: str
@@ -117,7 +131,7 @@ class ChunkRecord(Counted):
 
 class StateChange(LedgerRecord):
     kind: ClassVar[str] = "state_change"
-    table: ClassVar[type[Base]] = StateChangeRow
+    row: ClassVar[str] = "StateChangeRow"
 
     cluster: Cluster = DEFAULT_CLUSTER
     recorded_at: datetime
@@ -134,7 +148,7 @@ class StateChange(LedgerRecord):
         data = self.model_dump()
         data["old_persisted"] = json.dumps(self.old_persisted)
         data["new_persisted"] = json.dumps(self.new_persisted)
-        return StateChangeRow(**data)
+        return self._table()(**data)
 
     @property
     def resource_name(self) -> str | None:
@@ -143,7 +157,7 @@ class StateChange(LedgerRecord):
 
 class PollRecord(LedgerRecord):
     kind: ClassVar[str] = "poll"
-    table: ClassVar[type[Base]] = PollRow
+    row: ClassVar[str] = "PollRow"
 
     cluster: Cluster = DEFAULT_CLUSTER
     started_at: datetime

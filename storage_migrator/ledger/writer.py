@@ -23,14 +23,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
-from sqlalchemy.orm import Session
-
-from storage_migrator.ledger.database import display_url, engine_for, ensure_schema
 from storage_migrator.ledger.records import LedgerRecord
-from storage_migrator.ledger.schema import GapRow
+
+if TYPE_CHECKING:
+    from storage_migrator.ledger.schema import GapRow
 
 __all__ = ["LedgerWriter", "WriterOptions", "writer_for"]
 
@@ -83,6 +81,8 @@ class Lost:
         return sum(self.kinds.values())
 
     def row(self) -> GapRow:
+        from storage_migrator.ledger.schema import GapRow
+
         assert self.first is not None and self.last is not None
         return GapRow(recorded_at=datetime.now(UTC), first_lost_at=self.first, last_lost_at=self.last,
                       rows_lost=self.count, kinds=json.dumps(dict(sorted(self.kinds.items()))),
@@ -92,6 +92,9 @@ class Lost:
 
 def _transient(exc: BaseException) -> bool:
     """The database is unreachable or busy (retry), rather than refusing the row (give up on it)."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+    from sqlalchemy.exc import TimeoutError as PoolTimeout
+
     if isinstance(exc, OperationalError | InterfaceError | PoolTimeout | OSError | ConnectionError):
         return True
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
@@ -160,6 +163,8 @@ class LedgerWriter:
 
     @property
     def _safe_url(self) -> str:
+        from storage_migrator.ledger.database import display_url
+
         return display_url(self.url)
 
     def _run(self) -> None:
@@ -214,6 +219,10 @@ class LedgerWriter:
                 self._lose([record], f"refused by the database: {_why(one)}")
 
     def _write(self, batch: list[LedgerRecord]) -> None:
+        from sqlalchemy.orm import Session
+
+        from storage_migrator.ledger.database import engine_for, ensure_schema
+
         engine = engine_for(self.url)
         ensure_schema(engine)
         with self._lost_lock:

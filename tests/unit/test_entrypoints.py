@@ -32,3 +32,23 @@ def test_the_entrypoint_loads_its_flow_with_the_parameters_given(
     assert flow.name == deployment["entrypoint"].split(":")[1].replace("_", "-")
     unknown = set(deployment.get("parameters") or {}) - set(flow.parameters.properties)
     assert not unknown, f"{deployment['name']}: parameters the flow does not take: {unknown}"
+
+
+#: Issue 29: "Import what a flow needs when it needs it: the ledger's SQLAlchemy only where a row is
+#: written, the CLI's libraries only in the CLI." A deployed run imports its flow's module before its
+#: first task; these load later (the ledger's writer thread) or never (the CLI, etcd's client).
+NOT_BEFORE_THE_FIRST_TASK = ("sqlalchemy", "alembic", "psycopg", "typer", "pyetcd", "grpc", "prefect_kubernetes")
+
+
+def test_a_flow_run_process_imports_no_ledger_or_cli_library_with_its_flow() -> None:
+    """Every deployed flow's module, imported in a fresh process as the engine imports it."""
+    import json
+    import subprocess
+    import sys
+
+    modules = sorted({d["entrypoint"].split(":")[0].removesuffix(".py").replace("/", ".") for d in DEPLOYMENTS})
+    probe = (f"import importlib, json, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+             f"print(json.dumps(sorted(m for m in {list(NOT_BEFORE_THE_FIRST_TASK)!r} if m in sys.modules)))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=True)  # fmt: skip
+    assert json.loads(done.stdout.splitlines()[-1]) == []

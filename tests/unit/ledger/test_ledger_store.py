@@ -282,3 +282,11 @@ def test_a_gap_names_the_clusters_of_the_rows_it_lost(tmp_path: Path) -> None:
     assert queries.last_poll(engine, cluster="prod-b") is not None
     assert queries.last_poll(engine, cluster="prod-a") is None
     assert queries.clusters(engine) == ["prod-b"]  # the run's rows were lost: only the poll is in the ledger
+
+
+def test_every_record_names_a_table_of_the_schema() -> None:
+    """Records name their table by class (issue 29: no SQLAlchemy until a row is written)."""
+    from storage_migrator.ledger import records, schema
+
+    kinds = [records.RunStarted, records.RunFinished, records.ChunkRecord, records.StateChange, records.PollRecord]
+    assert {kind.row for kind in kinds} == {t.__name__ for t in schema.Base.__subclasses__()} - {"GapRow"}

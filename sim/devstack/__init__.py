@@ -171,11 +171,15 @@ class PrefectStack:
         if name in self._workers:
             raise ValueError(f"a worker named {name!r} is already running")
         log = self._log(name)
+        # The deployments' runs start `python -m prefect.engine` from the worker's PATH (prefect.yaml's
+        # `command`): the worker runs in this interpreter's environment, as `uv run prefect worker` does.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self._workers[name] = subprocess.Popen(
             [*_prefect(), "worker", "start", "--pool", POOL, "--name", name, "--limit", str(limit),
              *(arg for queue in queues for arg in ("--work-queue", queue))],
             # Poll for new runs every 2 s instead of 10: runs start sooner on a laptop.
-            cwd=REPO, env={**self.env, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env, **(env or {})},
+            cwd=REPO, env={**self.env, "PATH": path, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env,
+                           **(env or {})},
             stdout=log, stderr=log,
         )  # fmt: skip
         os.close(log)

@@ -184,6 +184,11 @@ class PrefectStack:
         )  # fmt: skip
         os.close(log)
 
+    @property
+    def workers(self) -> list[str]:
+        """The names of the workers this stack started and has not killed."""
+        return list(self._workers)
+
     def worker_log(self, name: str = "worker") -> str:
         path = self.home / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
@@ -224,18 +229,14 @@ class PrefectStack:
 
         A flow run's process is in a session of its own and outlives its worker (a paused
         run would wait for its form for a day): the processes under each worker are
-        ended too, found by their parents before the worker goes.
+        ended too, found by their parents before the worker goes. All are asked to end at
+        once and given one grace period together (issue 29: one after the other took 30 s).
         """
         runs = [pid for proc in self._workers.values() if proc.poll() is None for pid in descendants(proc.pid)]
-        for proc in (*self._workers.values(), self._server):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        _end(runs)
+        procs = [proc for proc in (*self._workers.values(), self._server) if proc is not None and proc.poll() is None]
+        _end([*runs, *(proc.pid for proc in procs)], grace=20)
+        for proc in procs:
+            proc.wait()
         self._workers = {}
         self._server = None
 

@@ -1,13 +1,18 @@
-"""The e2e tier's shared server: `prefect.yaml` deployed on a real Prefect server
-(on PostgreSQL, issue 13: the documented choice for a shared server) with a process
-worker, against the session's kubesim.
+"""The e2e tier's one stack: `prefect.yaml` deployed on a real Prefect server (on
+PostgreSQL, issue 13: the documented choice for a shared server) with a process worker,
+against the session's kubesim. Every e2e test runs on it (issue 29: one server for the
+tier, not one per file; a server, a deploy and a worker cost 30-40 s of CPU each time).
 
-test_deployments.py runs the deployments on it; test_ui.py (issue 23) opens the UI
-of the same server in a browser, so the browser tests start no server of their own.
-The tests that use it run last in the session: its worker and its 10-minute
-detection schedule then run beside no other test's server and workers
-(test_scale_out.py counts every write to the cluster, test_schedule.py every
-detection poll).
+- test_deployments.py runs the deployments as an operator does;
+- test_ui.py (issue 23) opens the server's UI in a browser;
+- test_schedule.py has the server's scheduler fire the detection schedule;
+- test_scale_out.py adds two workers of its own on queues the stack's worker does not read.
+
+The detection schedule (every 10 minutes) is paused from the start: a poll of the shared
+cluster requests a migration of every resource there, and one that fired inside a test would
+change what the test counts (CI, 2026-11-26: a scheduled poll requested resources while the
+fleet test compared the worker's own cluster's requests before and after). test_schedule.py
+resumes it for as long as it tests it. The stack's worker reads the `default` queue only.
 """
 
 from __future__ import annotations
@@ -16,15 +21,19 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 import pytest
+from shared_stack import STACK_QUEUE, paused_detection
 
 from devstack import PrefectStack
 from devstack.postgres import start_postgres
 
-SHARED = "deployed_stack"
+#: The module that runs last: it counts every write to the cluster (test_scale_out.py), so the
+#: runs the other modules started (the UI's) are over by then.
+LAST = ("test_scale_out.py",)
 
 
 @pytest.fixture(scope="session")
-def deployed_stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
+def deployed_stack(kubesim_session: Any, migration_crds: None,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:  # fmt: skip
     """`prefect deploy --all` on a server of its own (PostgreSQL), and one process worker."""
     postgres = start_postgres()
     stack = PrefectStack(
@@ -40,7 +49,8 @@ def deployed_stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactor
     try:
         stack.start_server()
         stack.deploy()
-        stack.start_worker()
+        paused_detection(stack)
+        stack.start_worker(queues=(STACK_QUEUE,))
         yield stack
     finally:
         stack.stop()
@@ -48,8 +58,8 @@ def deployed_stack(kubesim_session: Any, tmp_path_factory: pytest.TempPathFactor
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The shared server's tests last, in their order (see the module docstring)."""
-    items.sort(key=lambda item: SHARED in getattr(item, "fixturenames", ()))
+    """test_scale_out.py last (see LAST); the others in their order."""
+    items.sort(key=lambda item: item.path.name in LAST)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from shared_stack import flow_runs, runs_under_way
 
 from devstack import PrefectStack
 from kubesim.codec import decode
@@ -27,34 +27,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds")]
 
 
 @pytest.fixture
-def stack(deployed_stack: PrefectStack, wait_for: Any) -> Iterator[PrefectStack]:
-    """The e2e tier's shared server (tests/e2e/conftest.py): on PostgreSQL (issue 13: the
-    documented choice for a shared server); test_schedule.py keeps the SQLite default.
-
-    Its 10-minute detection schedule is paused for each test, and the test starts once no run
-    is under way (an earlier test's run-migrations ends with a poll): a poll of the worker's own
-    cluster requests migrations there, and one inside a test would change what the test counts
-    (CI, 2026-11-26: the scheduled poll requested the last resources of its list while the fleet
-    test compared the worker's own cluster's requests before and after). test_schedule.py tests
-    the schedule on a server of its own."""
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=deployed_stack.api_url) as client:
-        poll = client.read_deployment_by_name("detect-storage-changes/detect-storage-changes")
-        client.pause_deployment(poll.id)  # its auto-scheduled runs are deleted with it
-    try:
-        wait_for(lambda: not runs_under_way(deployed_stack), what="no flow run under way before the test")
-        yield deployed_stack
-    finally:
-        with SyncPrefectClient(api=deployed_stack.api_url) as client:
-            client.resume_deployment(poll.id)
-
-
-def flow_runs(stack: PrefectStack) -> list[Any]:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
-        return list(client.read_flow_runs(limit=200))
+def stack(deployed_stack: PrefectStack, wait_for: Any) -> PrefectStack:
+    """The e2e tier's stack (tests/e2e/conftest.py: on PostgreSQL, issue 13: the documented choice
+    for a shared server; its detection schedule paused), once no run is under way: an earlier
+    test's run-migrations ends with a poll, and one inside a test would change what it counts."""
+    wait_for(lambda: not runs_under_way(deployed_stack), what="no flow run under way before the test")
+    return deployed_stack
 
 
 def test_migrate_resource_deployment_runs_and_is_in_the_history(
@@ -136,23 +114,6 @@ def test_a_request_applied_with_kubectl_is_run_by_run_migrations(
     value, _ = kubesim.etcd.get(f"/registry/secrets/{namespace}/s".encode())
     assert value is not None and value.value.startswith(b"k8s:enc:aescbc:v1:key2:")
     api.close()
-
-
-def runs_under_way(stack: PrefectStack) -> list[str]:
-    """Flow runs of the server that are due and not yet at an end (a schedule's later runs are not due)."""
-    from datetime import UTC, datetime
-
-    from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
-    from prefect.client.schemas.objects import StateType
-
-    busy = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]
-    with SyncPrefectClient(api=stack.api_url) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
-            type=FlowRunFilterStateType(any_=busy))))  # fmt: skip
-    now = datetime.now(UTC)
-    return [r.name for r in runs if not (r.state_type == StateType.SCHEDULED and r.expected_start_time
-                                         and r.expected_start_time > now)]  # fmt: skip
 
 
 def test_a_cluster_added_with_fleet_add_runs_on_its_own_deployments(stack: PrefectStack, kubesim: Any,

@@ -10,6 +10,7 @@ log and the server's flow-run history.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import threading
@@ -19,10 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from uuid import UUID
 
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from shared_stack import STACK_QUEUE, runs_under_way
 
 from devstack import PrefectStack
 from kubesim.codec import decode
@@ -33,47 +36,82 @@ from storage_migrator.migration.requests import create_migration, read_migration
 from storage_migrator.models import new_storage_version_migration
 from storage_migrator.settings import Settings
 
-# About 3 minutes at a load of 6 on 2 cores, 7 at a load of 20: above the suite's 300 s default.
+# About 2 minutes alone on 2 cores; a loaded machine makes every wait below longer, none false.
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds"), pytest.mark.timeout(900)]
 
 RESOURCES = ("configmaps", "secrets", "serviceaccounts")
-# Per resource, in the test's namespace. At RATE, a run alone takes OBJECTS / RATE = 20 s at the
-# least: each worker's runs outlast the other's flow-run start (10 s apart seen in CI), so the
-# victim is still mid-run when the keeper's migrations run too (run_kill_and_resume waits for that).
-OBJECTS = 600
+# Per resource, in the test's namespace. The three runs share RATE, so each takes about
+# OBJECTS / (RATE / 3) = 30 s: each worker's runs outlast the other's flow-run start (10 s apart
+# seen in CI), so the victim is still mid-run when the keeper's migrations run too
+# (run_kill_and_resume waits for that). Several chunks per run: the crash lands between two.
+OBJECTS = 300
 RATE = 30  # writes per second, shared by every run on both workers
-CHUNK = 50  # objects per LIST page: the checkpoint granularity, so the most a crash re-does
+CHUNK = 25  # objects per LIST page: the checkpoint granularity, so the most a crash re-does
 # Seconds without a sign of life (the run taken, started, a checkpoint) after which a
-# migration's run counts as dead: longer than a flow run takes to start on a loaded
-# 2-core machine (~30 s from Pending to Running seen here at a load of 10; 50 s in
-# Submitting once kubesim served TLS, and the run, marked dead at 45 s, started anyway
-# and was the one killed: docs/migrations.md "Crashes and cancelling").
-LEASE = 90
+# migration's run counts as dead, and the killed one is resumed: the test waits this long
+# after the kill, so it is short; but longer than a flow run takes to start on a loaded 2-core
+# machine (~30 s from Pending to Running seen here at a load of 10, with flow runs that cost
+# 6 s of CPU to start before issue 29; a run slower than this is presumed dead, resumed
+# elsewhere, and ends Cancelled when it starts: docs/migrations.md "Crashes and cancelling").
+LEASE = 60
 KEEPER, VICTIM = WORKERS = ("alpha", "beta")
 SUBMITTED = re.compile(r"Worker '(\w+)' submitting flow run '([0-9a-f-]{36})'")
+#: The queues of this test's two workers: the tier's worker reads only `default` (conftest.py).
+DISPATCH_QUEUE, MIGRATION_QUEUE = "scale-out-dispatch", "scale-out"
+#: The workers' settings: one write budget for every run, shared through the server (the real
+#: thing), at RATE; the detection poll at the end of run-migrations looks at RESOURCES only.
+WORKER_ENV = {
+    "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "true",
+    "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": str(RATE),
+    "STORAGE_MIGRATOR_CHUNK_SIZE": str(CHUNK),
+    "STORAGE_MIGRATOR_LEASE_SECONDS": str(LEASE),
+    "STORAGE_MIGRATOR_MAX_PARALLEL_MIGRATIONS": str(len(RESOURCES)),
+    "STORAGE_MIGRATOR_INCLUDE_RESOURCES": ",".join(RESOURCES),
+}
+BUDGET = "storage-migrator-writes"
 
 
 @pytest.fixture
-def stack(kubesim: Any, clean_slate: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:
-    """A Prefect server and the deployments; the test starts the workers."""
-    stack = PrefectStack(
-        tmp_path_factory.mktemp("prefect-home"),
-        worker_env={
-            "STORAGE_MIGRATOR_KUBECONFIG": kubesim.kubeconfig,
-            # The real thing: one write budget for every run, shared through the server.
-            "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "true",
-            "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": str(RATE),
-            "STORAGE_MIGRATOR_CHUNK_SIZE": str(CHUNK),
-            "STORAGE_MIGRATOR_LEASE_SECONDS": str(LEASE),
-            "STORAGE_MIGRATOR_MAX_PARALLEL_MIGRATIONS": str(len(RESOURCES)),
-            # The detection poll at the end of run-migrations looks at these only.
-            "STORAGE_MIGRATOR_INCLUDE_RESOURCES": ",".join(RESOURCES),
-        },
-    )
+def stack(deployed_stack: PrefectStack, kubesim: Any, clean_slate: Any, wait_for: Any) -> Iterator[PrefectStack]:
+    """The tier's stack (tests/e2e/conftest.py) once no run is under way, with the budget
+    starting afresh (the first run creates it at RATE); the test starts alpha and beta and moves
+    the migrations' deployments to their queues. Afterwards: the workers gone, the deployments
+    back on `default`, the budget removed (the next run creates it at its own rate)."""
+    wait_for(lambda: not runs_under_way(deployed_stack), what="no flow run under way before the test")
+    remove_budget(deployed_stack)
     try:
-        yield stack
+        yield deployed_stack
     finally:
-        stack.stop()
+        for worker in WORKERS:
+            if worker in deployed_stack.workers:
+                deployed_stack.kill_worker(worker)
+        move_deployments(deployed_stack, dispatch=STACK_QUEUE, migrations=STACK_QUEUE)
+        remove_budget(deployed_stack)
+
+
+def remove_budget(stack: PrefectStack) -> None:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.exceptions import ObjectNotFound
+
+    with SyncPrefectClient(api=stack.api_url) as client:
+        for name in (BUDGET, f"{BUDGET}-writers"):
+            with contextlib.suppress(ObjectNotFound):
+                client.delete_global_concurrency_limit_by_name(name)
+
+
+def move_deployments(stack: PrefectStack, *, dispatch: str, migrations: str) -> None:
+    """run-migrations and migrate-resource on these queues of the pool."""
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    with SyncPrefectClient(api=stack.api_url) as client:
+        for name, queue in (
+            ("run-migrations/run-migrations", dispatch),
+            ("migrate-resource/migrate-resource", migrations),
+        ):
+            deployment = client.read_deployment_by_name(name)
+            client.update_deployment(deployment.id, DeploymentUpdate(work_pool_name=deployment.work_pool_name,
+                                                                     work_queue_name=queue))  # fmt: skip
 
 
 @dataclass
@@ -174,18 +212,16 @@ def prepare(stack: PrefectStack, kubesim: Any, namespace: str) -> tuple[dict[str
     resource; the objects per resource (cluster-wide) and the request names."""
 
     def boot() -> None:
-        stack.start_server()
-        # alpha alone pulls from every queue, beta from `default` only, and run-migrations is
-        # moved to a queue of its own: so alpha takes the dispatcher (and keeps it through the
-        # crash) while both workers are already polling when it hands out the migrations.
-        # Starting beta after the dispatch raced alpha's migrations on a loaded machine: they
-        # could be done before beta ran one (CI, 2026-11-26), and nothing then ran at once.
-        stack.start_worker(KEEPER, limit=3)
-        stack.deploy()
-        dispatch_from_a_queue_of_its_own(stack)
-        stack.start_worker(VICTIM, limit=1, queues=("default",))
+        # alpha reads both queues, beta the migrations' only, and run-migrations is on a queue of
+        # its own: so alpha takes the dispatcher (and keeps it through the crash) while both
+        # workers are already polling when it hands out the migrations. Starting beta after the
+        # dispatch raced alpha's migrations on a loaded machine: they could be done before beta
+        # ran one (CI, 2026-11-26), and nothing then ran at once.
+        stack.start_worker(KEEPER, limit=3, queues=(DISPATCH_QUEUE, MIGRATION_QUEUE), env=WORKER_ENV)
+        move_deployments(stack, dispatch=DISPATCH_QUEUE, migrations=MIGRATION_QUEUE)
+        stack.start_worker(VICTIM, limit=1, queues=(MIGRATION_QUEUE,), env=WORKER_ENV)
 
-    with ThreadPoolExecutor(max_workers=1) as booting:  # the server starts while the objects are made
+    with ThreadPoolExecutor(max_workers=1) as booting:  # the workers start while the objects are made
         booted = booting.submit(boot)
         create_objects(kubesim, namespace)
         booted.result()
@@ -200,22 +236,15 @@ def prepare(stack: PrefectStack, kubesim: Any, namespace: str) -> tuple[dict[str
     return totals, names
 
 
-def dispatch_from_a_queue_of_its_own(stack: PrefectStack) -> None:
-    from prefect.client.orchestration import SyncPrefectClient
-    from prefect.client.schemas.actions import DeploymentUpdate
-
-    with SyncPrefectClient(api=stack.api_url) as client:
-        deployment = client.read_deployment_by_name("run-migrations/run-migrations")
-        client.update_deployment(
-            deployment.id, DeploymentUpdate(work_pool_name=deployment.work_pool_name, work_queue_name="dispatch")
-        )
-
-
 def history(stack: PrefectStack) -> dict[str, Any]:
+    """The flow runs the two workers took (their logs name them), by id."""
     from prefect.client.orchestration import SyncPrefectClient
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
+    taken = [UUID(run) for worker in WORKERS for run in submitted(stack, worker)]
     with SyncPrefectClient(api=stack.api_url) as client:
-        return {str(r.id): r for r in client.read_flow_runs(limit=200)}
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=taken))) if taken else []
+    return {str(r.id): r for r in runs}
 
 
 def explain_runs(stack: PrefectStack, crash: Crash) -> str:
@@ -227,8 +256,7 @@ def explain_runs(stack: PrefectStack, crash: Crash) -> str:
     takers = {run: worker for worker in WORKERS for run in submitted(stack, worker)}
     lines = [f"killed at {crash.at.isoformat()} (migrations {crash.migrations}, beta's runs {crash.runs})"]
     with SyncPrefectClient(api=stack.api_url) as client:
-        runs = client.read_flow_runs(limit=200)
-        for run in runs:
+        for run in history(stack).values():
             if migration_of(run) in crash.migrations:
                 states = client.read_flow_run_states(run.id)
                 lines.append(f"run {run.id} on {takers.get(str(run.id), '?')}: " + " -> ".join(

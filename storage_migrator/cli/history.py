@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import sys
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,12 +23,12 @@ from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, conn
 from storage_migrator.cli.options import settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.conditions import phase_from_conditions
-from storage_migrator.ledger import queries
-from storage_migrator.ledger.database import display_url, ledger_engine
-from storage_migrator.ledger.queries import Gap, RunHistory, UnrecordedMigration
 from storage_migrator.ledger.recorder import requested_by
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import MIGRATIONS_KIND_NAME, StorageVersionMigration
+
+if TYPE_CHECKING:
+    from storage_migrator.ledger.queries import Gap, UnrecordedMigration
 
 __all__ = ["command", "parse_since"]
 
@@ -65,6 +65,8 @@ def _unrecorded_row(cluster: str, u: UnrecordedMigration, labels: dict[str, str]
 
 
 def _gap_row(g: Gap) -> dict[str, Any]:
+    from storage_migrator.ledger.queries import RunHistory
+
     kinds = ", ".join(f"{n} {k}" for k, n in g.kinds.items())
     row: dict[str, Any] = {key: None for key in RunHistory.model_fields}
     row.update(kind="gap", cluster=",".join(g.clusters), resource=",".join(g.resources), started_at=g.first_lost_at, finished_at=g.last_lost_at,
@@ -87,6 +89,8 @@ def _requests(ctx: typer.Context, cluster: str) -> list[StorageVersionMigration]
 def _unrecorded(cluster: str, requests: list[StorageVersionMigration], recorded: set[str], resource: str | None,
                 since: datetime | None) -> list[Any]:  # fmt: skip
     """The cluster's requests that ran with no run row."""
+    from storage_migrator.ledger import queries
+
     by_uid = {m.metadata.uid: m for m in requests}
     out = []
     for u in queries.unrecorded_migrations(requests, recorded, since=since):
@@ -132,6 +136,10 @@ def command(
 
     The ledger is STORAGE_MIGRATOR_DATABASE_URL; flow-run links need STORAGE_MIGRATOR_PREFECT_UI_URL or PREFECT_UI_URL. Gaps in the ledger and requests that ran without a run row are listed too (kind gap / unrecorded). The default cluster's runs, --cluster NAME's, or --all-clusters (every cluster in the ledger, with a CLUSTER column). Exit codes: 0 done; 1 the ledger could not be read.
     """
+    # The ledger's SQLAlchemy only in the commands that read the ledger (issue 29).
+    from storage_migrator.ledger import queries
+    from storage_migrator.ledger.database import display_url, ledger_engine
+
     scope = scope_of(ctx, cluster, all_clusters)
     settings = settings_of(ctx)
     after = parse_since(since, now=datetime.now(UTC)) if since else None

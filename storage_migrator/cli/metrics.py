@@ -15,13 +15,11 @@ import threading
 from typing import Annotated
 
 import typer
-from prometheus_client import CollectorRegistry, start_http_server
 
 from storage_migrator.cli.clusters import AllClustersOption, ClusterOption, connect, scope_of
 from storage_migrator.cli.options import settings_of
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import StorageVersionMigration
-from storage_migrator.operations.metrics import MigratorCollector
 
 __all__ = ["command"]
 
@@ -38,6 +36,11 @@ def command(
 
     Every series is labelled with its cluster: the default cluster's, --cluster NAME's (a KubernetesClusterConfig block), or --all-clusters (every cluster in the ledger, read again at each scrape). See docs/observability.md for the metrics and example PromQL. Runs until interrupted; exit code 0.
     """
+    # The ledger's SQLAlchemy and the exporter only in this command: the others start without them (issue 29).
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from storage_migrator.operations.metrics import MigratorCollector
+
     scope = scope_of(ctx, cluster, all_clusters)
     settings = settings_of(ctx)
 

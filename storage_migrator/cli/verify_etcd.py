@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
-from storage_migrator.rotation.etcd_scan import EtcdEndpoint, EtcdScanError, PrefixScan, scan_prefix
+
+if TYPE_CHECKING:
+    from storage_migrator.rotation.etcd_scan import PrefixScan
 
 __all__ = ["command"]
 
@@ -77,6 +79,9 @@ def command(
     protobuf envelope); a value it cannot classify counts as unknown. It never prints a value or a key.
     Exit codes: 0 done; 1 --expect-key not met; 2 etcd not read.
     """
+    # etcd's gRPC client only where etcd is read: the other commands start without it (issue 29).
+    from storage_migrator.rotation.etcd_scan import EtcdEndpoint, EtcdScanError, scan_prefix
+
     try:
         scan = scan_prefix(EtcdEndpoint(url=endpoint, cacert=cacert, cert=cert, key=key), prefix)
     except EtcdScanError as exc:

@@ -1,10 +1,14 @@
 """kubesim's `--encryption-provider-config` with automatic reload, judged by reading etcd.
 
-Each test starts a Cluster of its own (its own etcd) reading an
-`EncryptionConfiguration` file in tmp_path, rewrites the file as a runbook
-would (rotate: new key first; then drop the old key), and reads the
-`k8s:enc:aescbc:v1:<key>:` prefix etcd holds. Reloads are awaited by polling the
-admin state for the file's hash, with generous deadlines; nothing asserts on time.
+Each test starts a Cluster of its own reading an `EncryptionConfiguration` file
+in tmp_path, rewrites the file as a runbook would (rotate: new key first; then
+drop the old key), and reads the `k8s:enc:aescbc:v1:<key>:` prefix etcd holds.
+Reloads are awaited by polling the admin state for the file's hash, with generous
+deadlines; nothing asserts on time.
+
+The clusters share one etcd per module (issue 29: an etcd takes about a second to
+elect itself): each test's Secrets have names of their own in `default`, and a
+test reads only its own, by name.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import yaml
 
 from kubesim import encryption, tls
 from kubesim.cluster import Cluster
+from kubesim.etcd import EtcdProcess
 
 MERGE = "application/merge-patch+json"
 NS = "default"
@@ -119,10 +124,18 @@ def config_path(tmp_path: Path) -> Path:
     return tmp_path / "encryption-config.yaml"
 
 
+@pytest.fixture(scope="module")
+def etcd_url() -> Iterator[str]:
+    """The module's etcd, under every test's cluster."""
+    with EtcdProcess() as etcd:
+        yield etcd.url
+
+
 @pytest.fixture
-def cluster(config_path: Path) -> Iterator[Cluster]:
+def cluster(config_path: Path, etcd_url: str) -> Iterator[Cluster]:
     write_config(config_path, {"resources": ["secrets"], "providers": [aescbc(("key1", KEY1)), IDENTITY]})
-    with Cluster(encryption_config=config_path, automatic_reload=True, reload_interval=RELOAD) as c:
+    with Cluster(etcd_url=etcd_url, encryption_config=config_path, automatic_reload=True,
+                 reload_interval=RELOAD) as c:  # fmt: skip
         yield c
 
 
@@ -184,10 +197,11 @@ def test_identity_first_writes_plaintext(cluster: Cluster, config_path: Path) ->
     assert noop_patch(url, "enc", new_rv) == new_rv
 
 
-def test_plaintext_unreadable_without_identity(config_path: Path) -> None:
+def test_plaintext_unreadable_without_identity(config_path: Path, etcd_url: str) -> None:
     """A Secret written before encryption was on cannot be read once `identity` is not listed."""
     write_config(config_path, {"resources": ["configmaps"], "providers": [aescbc(("key1", KEY1)), IDENTITY]})
-    with Cluster(encryption_config=config_path, automatic_reload=True, reload_interval=RELOAD) as cluster:
+    with Cluster(etcd_url=etcd_url, encryption_config=config_path, automatic_reload=True,
+                 reload_interval=RELOAD) as cluster:  # fmt: skip
         url = cluster.server.url
         rv = make_secret(url, "before")
         assert etcd_value(cluster, "before").startswith(b"{")  # secrets not listed: plaintext

@@ -36,9 +36,11 @@ from storage_migrator.settings import Settings
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("migration_crds", "prefect_api")]
 GROUP, VERSION, PLURAL = "migration.k8s.io", "v1alpha1", "storageversionmigrations"
 ENCRYPTED = ["secrets", "configmaps"]
-FAST: dict[str, Any] = {"write_rate_per_second": 5000.0, "write_concurrency": 8, "chunk_size": 500}
-#: The issue asks for 5,000 of each; 1,000 keeps CI in budget (ROTATION_TEST_OBJECTS=5000 to measure).
-N = int(os.environ.get("ROTATION_TEST_OBJECTS", "1000"))
+FAST: dict[str, Any] = {"write_rate_per_second": 5000.0, "write_concurrency": 8, "chunk_size": 50}
+#: Three chunks of 50 of each resource: the rule (every object moved and proven, in chunks) at the
+#: smallest size that exercises it (issue 29; it was 1,000 in chunks of 500). The issue asks for
+#: 5,000 of each: ROTATION_TEST_OBJECTS=5000 runs it so; a pass's rate at scale is bench/scale.py's.
+N = int(os.environ.get("ROTATION_TEST_OBJECTS", "150"))
 SENTINEL = "rotation-sentinel"
 
 

@@ -15,18 +15,23 @@ import base64
 import json
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from conftest import install_migration_crds
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from rotation_fixtures import SECRET1, SECRET2, N, SecretWriters, config, stored_keys, wait
+from rotation_fixtures import SECRET1, SECRET2, SecretWriters, config, create_secrets, stored_keys, wait
 
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api")]
+
+#: Of each resource: three chunks of CHUNK (issue 29: the smallest size with more than one chunk
+#: under writers and faults; it was 300 in chunks of 100).
+N, CHUNK = 120, 40
 
 
 @pytest.fixture
@@ -51,11 +56,16 @@ def test_the_runbook_rotates_key1_to_key2_under_writers_and_faults(
     core = k8s.CoreV1Api(api)
     ns = f"t-{uuid.uuid4().hex[:8]}"
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=ns)))
-    for i in range(N):
-        core.create_namespaced_secret(ns, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i:04d}"),
-                                                       string_data={"v": f"s{i}"}))  # fmt: skip
-        core.create_namespaced_config_map(ns, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=f"c-{i:04d}"),
-                                                              data={"v": f"c{i}"}))  # fmt: skip
+    create_secrets(api, ns, N)  # the data set, made in parallel (issue 29)
+
+    def config_map(i: int) -> None:
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"c-{i:04d}"}, "data": {"v": f"c{i}"}}
+        answer = core.create_namespaced_config_map(ns, body, _preload_content=False)
+        answer.read()
+        answer.release_conn()
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(config_map, range(N)))
 
     def write_key() -> str | None:
         rules = admin.config()["encryption"]["providerConfig"]["resources"]
@@ -80,14 +90,15 @@ def test_the_runbook_rotates_key1_to_key2_under_writers_and_faults(
     # waits between tries (tests/unit/migration/test_backoff.py); the defaults made it take 90 s. 8 attempts
     # per object instead of 6, as in test_chaos.py: each of these faults fails a request (18.5% of
     # them), so the 6 + 1 tries of one object all fail once in ~135,000 objects, about once in 110
-    # runs of this test's 1,200 writes (seen in CI: "s-0166 (429 TooManyRequests)"); 8 + 1: once in 3,000.
+    # runs of this test's 1,200 writes when it had 300 of each (seen in CI: "s-0166 (429 TooManyRequests)");
+    # 8 + 1: once in 3,000 then, and once in ~8,000 with its 480 writes now.
     monkeypatch.setenv("STORAGE_MIGRATOR_BACKOFF_BASE_SECONDS", "0.05")
     monkeypatch.setenv("STORAGE_MIGRATOR_BACKOFF_MAX_SECONDS", "0.5")
     monkeypatch.setenv("STORAGE_MIGRATOR_MAX_WRITE_ATTEMPTS", "8")
     writers.start()
     try:
         state = rotate_encryption_key(key="key2", kubeconfig=str(own.kubeconfig), write_rate_per_second=3000.0,
-                                      chunk_size=100, return_state=True)  # fmt: skip
+                                      chunk_size=CHUNK, return_state=True)  # fmt: skip
     finally:
         writers.stop.set()
         writers.join(timeout=30)

@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from kubesim.admin import Admin, AdminError
-from kubesim.cluster import Cluster
-from kubesim.codec import ENCRYPTED_PREFIX
-from kubesim.encryption import ConfigError
-from kubesim.etcd import EtcdStore, prefix_end
-from kubesim.leases import LEASE_SECONDS
 from kubesim.resources import FEATURE_GATES
-from kubesim.tls import Authority
+
+# Issue 29: `admin` is a small HTTPS client that tools run once per command (a test runs a
+# dozen): it imports neither the server (etcd's gRPC client, the registry, CEL) nor the PKI;
+# `serve` imports them when it runs.
 
 _SERVE_HELP = """\
 Start a simulated Kubernetes API server backed by a real etcd, write a kubeconfig
@@ -51,6 +49,10 @@ def _print(doc: Any) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    from kubesim.cluster import Cluster
+    from kubesim.encryption import ConfigError
+    from kubesim.tls import Authority
+
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -123,6 +125,8 @@ def _gates(text: str) -> dict[str, bool]:
 
 
 def _describe_value(value: bytes) -> str:
+    from kubesim.codec import ENCRYPTED_PREFIX
+
     if value.startswith(ENCRYPTED_PREFIX):
         return value[: value.index(b":", len(ENCRYPTED_PREFIX) + 10) + 1].decode(errors="replace") + "<ciphertext>"
     try:
@@ -165,6 +169,8 @@ def admin(args: argparse.Namespace) -> int:
     elif cmd == "counters":
         _print(client.reset_counters() if args.reset else client.counters())
     elif cmd == "stored":
+        from kubesim.etcd import EtcdStore, prefix_end
+
         store = EtcdStore(client.config()["etcdURL"])
         try:
             prefix = args.prefix.encode()
@@ -175,15 +181,19 @@ def admin(args: argparse.Namespace) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(*, serving: bool = True) -> argparse.ArgumentParser:
+    """Both commands; `serving=False`: `admin` alone (its help and errors are the same)."""
     top = argparse.ArgumentParser(prog="python -m kubesim", description="A Kubernetes API server simulator over etcd.")
     sub = top.add_subparsers(dest="mode", required=True)
-    _add_serve(sub)
+    if serving:
+        _add_serve(sub)
     _add_admin(sub)
     return top
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from kubesim.leases import LEASE_SECONDS
+
     p_serve = sub.add_parser("serve", help="start kubesim", description=_SERVE_HELP,
                              formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p_serve.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig for the server(s)")
@@ -278,7 +288,8 @@ def _add_admin(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser(serving=argv[:1] != ["admin"]).parse_args(argv)
     try:
         return int(args.func(args))
     except AdminError as exc:

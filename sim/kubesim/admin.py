@@ -3,21 +3,33 @@ benchmarks and `python -m kubesim admin`.
 
 Over HTTPS it verifies the server's certificate: against the CA of the
 kubeconfig it was built from, or else this process's kubesim CA (the one every
-in-process cluster serves with, sim/kubesim/tls.py)."""
+in-process cluster serves with, sim/kubesim/tls.py).
+
+Issue 29: one connection, kept alive across calls (the test harness makes a
+score of admin calls around every test; a TLS handshake each cost more than the
+call). A call on a kept connection the server has since dropped (a restart, a
+stop) is sent again once on a new one; every admin call can be sent twice.
+"""
 
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import ssl
-import urllib.error
-import urllib.request
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
-from kubesim import tls
+
+def _own_ca_context() -> ssl.SSLContext:
+    from kubesim import tls
+
+    return tls.client_context()
 
 
 class AdminError(Exception):
@@ -40,12 +52,27 @@ def _cluster_entry(kubeconfig: Path | str, context: str | None) -> dict[str, Any
     return dict(cluster)
 
 
+#: What a kept connection the server has dropped since its last answer raises on reuse.
+_STALE = (
+    http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError,
+    ssl.SSLEOFError, ssl.SSLZeroReturnError,
+)  # fmt: skip
+
+
 class Admin:
     def __init__(self, url: str, *, timeout: float = 30.0, ca_pem: bytes | None = None) -> None:
         """`ca_pem`: the CA the server's certificate chains to (default: this process's kubesim CA)."""
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._context: ssl.SSLContext | None = tls.client_context(ca_pem) if self.url.startswith("https:") else None
+        self._context: ssl.SSLContext | None = None
+        if self.url.startswith("https:"):
+            # The PKI (and its `cryptography` import) only for this process's own CA.
+            self._context = ssl.create_default_context(cadata=ca_pem.decode()) if ca_pem else _own_ca_context()
+        parts = urlsplit(self.url)
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._lock = threading.Lock()
+        self._conn: http.client.HTTPConnection | None = None
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path | str, context: str | None = None) -> Admin:
@@ -54,20 +81,56 @@ class Admin:
         ca_pem = base64.b64decode(ca_data) if ca_data else None
         return cls(str(entry["server"]), ca_pem=ca_pem)
 
+    def _connect(self) -> http.client.HTTPConnection:
+        if self._context is None:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout)
+        else:
+            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self.timeout, context=self._context)
+        weakref.finalize(self, conn.close)  # the socket goes with the Admin, never left to the collector
+        return conn
+
+    def close(self) -> None:
+        """Close the kept connection (the next call opens another)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _exchange(self, method: str, path: str, data: bytes | None) -> tuple[int, bytes]:
+        for attempt in (1, 2):
+            reused = self._conn is not None
+            conn = self._conn or self._connect()
+            self._conn = None
+            try:
+                conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                raw = resp.read()
+            except _STALE:
+                conn.close()
+                if reused and attempt == 1:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            if resp.will_close:
+                conn.close()
+            else:
+                self._conn = conn
+            return resp.status, raw
+        raise AssertionError("unreachable")
+
     def _call(self, method: str, route: str, body: Any = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(
-            f"{self.url}/_kubesim/{route}", data=data, method=method, headers={"Content-Type": "application/json"}
-        )
+        with self._lock:
+            status, raw = self._exchange(method, f"{self._prefix}/_kubesim/{route}", data)
+        if 200 <= status <= 299:
+            return json.loads(raw)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            try:
-                message = json.loads(exc.read()).get("message", str(exc))
-            except ValueError:
-                message = str(exc)
-            raise AdminError(message) from None
+            message = json.loads(raw).get("message", f"HTTP Error {status}")
+        except ValueError:
+            message = f"HTTP Error {status}: {raw[:200]!r}"
+        raise AdminError(message)
 
     def config(self) -> dict[str, Any]:
         return dict(self._call("GET", "config"))

@@ -83,7 +83,7 @@ class AdminOperations:
             raise bad_request(f"{matches[0].group_resource} is not stored: it has no storage version")
         with self.registry.lock:
             self.registry.config.storage_versions[storage_group_resource(matches[0])] = version
-        storageversions.publish(self.registry)
+        storageversions.publish(self.registry, only={storageversions.object_name(matches[0])})
         return self.admin_state()
 
     def set_verbs(self, body: dict[str, Any]) -> dict[str, Any]:

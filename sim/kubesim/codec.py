@@ -17,6 +17,7 @@ passed as `read_keys={name: secret}` and `write_secret`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -45,6 +46,7 @@ class Stored:
     plaintext: bytes
 
 
+@functools.lru_cache(maxsize=64)
 def derived_secret(key_name: str) -> bytes:
     # A deterministic 256-bit key per name: the simulator needs real ciphertext
     # and a key name in the prefix, not key management.

@@ -165,6 +165,8 @@ class IdentityLease:
         self._thread: threading.Thread | None = None
         self._live: set[str] | None = None
         self._pruned_at = 0.0
+        #: Passes of the collectors made by the thread: what a test waits on to know they looked.
+        self.passes = 0
 
     def renew(self, *, lease_seconds: int | None = None) -> dict[str, Any]:
         seconds = self.lease_seconds if lease_seconds is None else lease_seconds
@@ -195,6 +197,7 @@ class IdentityLease:
                     self.renew()
                     next_renewal = time.monotonic() + self.renew_seconds
                 self.collect()
+                self.passes += 1
             except Exception:  # etcd away for a moment: try again next tick, as a controller would
                 if not self._stopping.is_set():
                     log.warning("kubesim: identity lease %s: tick failed", self.holder, exc_info=True)

@@ -21,7 +21,6 @@ import logging
 import socket
 import threading
 import time
-from http.server import ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -34,6 +33,7 @@ from kubesim.registry import Registry
 from kubesim.resources import ResourceType
 from kubesim.routing import VERSION_RE, Request
 from kubesim.server_discovery import DiscoveryServing
+from kubesim.server_http import Listener
 from kubesim.server_writes import WriteVerbs
 from kubesim.tls import Authority
 
@@ -73,8 +73,7 @@ class ApiServer(AdminOperations):
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
         handler = type("BoundHandler", (Handler,), {"api": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = Listener((host, port), handler)
         self.host, self.port = str(self.httpd.server_address[0]), int(self.httpd.server_address[1])
         self._thread: threading.Thread | None = None
         self.stopping = threading.Event()
@@ -107,7 +106,10 @@ class ApiServer(AdminOperations):
         ).start()
         storageversions.publish(self.registry)
         self._start_encryption_reload()
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name=f"kubesim-{self.port}", daemon=True)
+        # The loop looks for a stop every 50 ms: stop() (every test cluster's, every restart) waits
+        # for it, half a second with serve_forever's default (issue 29).
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name=f"kubesim-{self.port}", daemon=True)  # fmt: skip
         self._thread.start()
         return self
 

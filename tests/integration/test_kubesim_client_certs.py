@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
+import socket
 import ssl
 import subprocess
 from collections.abc import Iterator
@@ -149,3 +150,32 @@ def test_kubeadm_admin_conf_works_with_the_official_client_kubectl_and_the_migra
         assert "kube-system" in {ns["metadata"]["name"] for ns in iterate_items(product, NAMESPACES)}
     finally:
         product.close()
+
+
+def test_a_resumed_tls_session_keeps_its_certificates_user(certs: CertCluster) -> None:
+    """Issue 29: kubesim resumes TLS sessions (the session id context and tickets of its serving
+    context). A resumed handshake carries no certificate: the user is the one of the session's,
+    as Go's server keeps it; and a session opened without a certificate stays anonymous (401)."""
+    alice = authority(certs).issue_client("alice-resumed", ("team-r",))
+    pem = certs.home / "alice-resumed.pem"
+    pem.write_bytes(alice.cert_pem + alice.key_pem)
+    server = certs.cluster.server
+    assert server.tls is not None
+    for cert, expected in ((pem, 'User "alice-resumed" cannot get'), (None, "Unauthorized")):
+        context = ssl.create_default_context(cadata=server.tls.ca_pem.decode())
+        if cert is not None:
+            context.load_cert_chain(cert)
+        session: ssl.SSLSession | None = None
+        for attempt in range(3):
+            conn = http.client.HTTPSConnection(server.host, server.port, context=context)
+            conn.sock = context.wrap_socket(socket.create_connection((server.host, server.port)),
+                                            server_hostname=server.host, session=session)  # fmt: skip
+            try:
+                conn.request("GET", "/api/v1/namespaces/default")
+                resp = conn.getresponse()
+                body = json.loads(resp.read())
+                assert conn.sock.session_reused == (attempt > 0), attempt
+                session = conn.sock.session
+            finally:
+                conn.close()
+            assert expected in body["message"], (attempt, body)

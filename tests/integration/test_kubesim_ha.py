@@ -232,7 +232,11 @@ def test_default_lease_keeps_a_removed_server_entries() -> None:
     with Cluster(servers=2) as cluster:
         gone = cluster.servers[1].registry.config.server_id
         cluster.remove_server(1)
-        time.sleep(3)  # several passes of the collectors of the server left (one a second)
+        left = cluster.server.identity
+        assert left is not None
+        # Two passes of the collectors of the server left that began after the removal (one a second).
+        since = left.passes
+        wait_until(lambda: left.passes >= since + 2, what="two passes of the collectors after the removal")
         assert gone in server_ids(storage_version(cluster.server.url, "core.secrets"))
 
 

@@ -129,6 +129,18 @@ def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RbacClust
         cluster.stop()
 
 
+@pytest.fixture(autouse=True)
+def local_write_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flows here pace their writes locally (STORAGE_MIGRATOR_SHARED_WRITE_BUDGET=false).
+
+    The shared budget is the Prefect server's (global concurrency limits, a writer's lease per
+    migration), never a request to the cluster: RBAC does not see it, and test_write_budget.py
+    and test_fleet_budgets.py prove it. Each lease is a write to the session's SQLite Prefect
+    server, where a write that meets another answers 503 ("database is locked") and the client
+    waits 2 s (4, 8) before it tries again: 2-4 of those waits per run of this module (issue 29)."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
+
+
 def stored(rc: RbacCluster, resource: str) -> dict[str, codec.Stored]:
     prefix = f"/registry/{resource}/{NAMESPACE}/".encode()
     kvs = rc.etcd.range(prefix, prefix_end(prefix)).kvs

@@ -143,20 +143,38 @@ def migration_crds(kubesim_session: Kubesim) -> None:
         api.close()
 
 
+@dataclass(frozen=True)
+class PrefectDatabase:
+    """The session's Prefect server's database: what it holds is searchable (DESIGN 8)."""
+
+    server: Any  # ledger_fixtures.PostgresServer
+    name: str
+
+    @property
+    def url(self) -> str:
+        return str(self.server.server.sqlalchemy_url(self.name, driver="asyncpg"))
+
+    def dump(self) -> bytes:
+        """Every row the Prefect server wrote, as SQL text (`pg_dump --data-only`)."""
+        return bytes(self.server.dump(self.name))
+
+
 @pytest.fixture(scope="session")
-def prefect_api() -> Iterator[str]:
-    """One Prefect test server for the session (~12 s to start); yields its API URL.
+def prefect_database(request: pytest.FixtureRequest) -> PrefectDatabase:
+    """A database of the session's PostgreSQL server (the ledger tests' too) for its Prefect server."""
+    server = request.getfixturevalue("postgres_server")
+    return PrefectDatabase(server=server, name=server.create_database(prefix="prefect"))
 
-    Telemetry is off (no network here) and tasks never cache by default.
+
+@pytest.fixture(scope="session")
+def prefect_api(prefect_database: PrefectDatabase) -> Iterator[str]:
+    """One Prefect server for the session, on PostgreSQL (tests/prefect_server.py says why not
+    SQLite); yields its API URL. Telemetry is off (no network here) and tasks never cache by default.
     """
-    os.environ["PREFECT_TASKS_DEFAULT_NO_CACHE"] = "true"
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+    from prefect_server import prefect_server
 
-    with prefect_test_harness(server_startup_timeout=180):
-        url = PREFECT_API_URL.value()
-        assert url, "the Prefect test harness set no API URL"
-        yield str(url)
+    with prefect_server(prefect_database.url) as url:
+        yield url
 
 
 @pytest.fixture

@@ -32,10 +32,10 @@ class PostgresServer:
     def url(self, database: str = "postgres") -> str:
         return self.server.sqlalchemy_url(database, driver="psycopg")
 
-    def create_database(self) -> str:
+    def create_database(self, *, prefix: str = "ledger") -> str:
         import psycopg
 
-        name = f"ledger_{uuid.uuid4().hex[:12]}"
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
         dsn = f"host=127.0.0.1 port={self.server.port} user=postgres dbname=postgres"
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(f'CREATE DATABASE "{name}"')

@@ -44,16 +44,33 @@ pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")
 
 # A generous budget: the tests judge what is written, not how fast (no timing asserts).
 FAST = {"write_rate_per_second": 5000.0, "write_concurrency": 8, "max_parallel": 2}
+#: Objects per LIST page of every migration the tests run: the data sets span several chunks
+#: and pages with tens of objects (issue 29), not the default 500 with thousands.
+CHUNK = 10
+CM_COUNT, CR_COUNT = 35, 15
 CM_V1 = storage_version_hash("", "v1", "ConfigMap")
 CM_V2 = storage_version_hash("", "v2", "ConfigMap")
 
 
+@pytest.fixture(autouse=True)
+def runs_pace_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every migration of the module paces itself at its own rate (a documented setting): the
+    write budget shared through the Prefect server is not this module's subject (it is
+    tests/integration/test_write_budget.py's, test_fleet_budgets.py's, test_fleet_identity.py's
+    and the e2e tier's). Issue 29: its writer's lease is an API write that the Prefect test
+    server's SQLite answers 503 "database is locked" about once a run, and the client then
+    sleeps 2 s before it retries."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
+
+
 def first_install_env(monkeypatch: pytest.MonkeyPatch, resources: list[str]) -> None:
     """The worker's settings, which every flow of the test reads (initialize, run-migrations and
-    its closing poll, detection): these resources alone, no settle delay, a generous budget."""
+    its closing poll, detection): these resources alone, no settle delay, a generous budget,
+    chunks of CHUNK objects."""
     monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", ",".join(resources))
     monkeypatch.setenv("STORAGE_MIGRATOR_SETTLE_SECONDS", "0")
     monkeypatch.setenv("STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND", "5000")
+    monkeypatch.setenv("STORAGE_MIGRATOR_CHUNK_SIZE", str(CHUNK))
 
 
 def revisions(etcd: EtcdStore, prefix: str) -> dict[str, tuple[str, int]]:
@@ -112,24 +129,26 @@ def test_first_install_rewrites_every_object_once(
     kubesim: Any, clean_slate: Any, namespace: str, widgets: tuple[str, str], monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    """The issue's numbers: 1,000 ConfigMaps and 500 custom resources. `initialize`, then
+    """The issue's case (it counted 1,000 ConfigMaps and 500 custom resources): `initialize`, then
     `run-migrations` (its closing poll included), then another detection poll: one request
-    per resource, nothing rewritten after the first migration, each state the current hash alone."""
+    per resource, nothing rewritten after the first migration, each state the current hash alone.
+    Issue 29: 35 ConfigMaps and 15 custom resources, in chunks of CHUNK, so each migration spans
+    several chunks and pages as the issue's did; the scale is bench/scale.py's."""
     from flows.initialize import initialize
     from flows.run_migrations import run_migrations
 
     group, plural = widgets
     first_install_env(monkeypatch, ["configmaps", f"{plural}.{group}"])
     core, custom = k8s.CoreV1Api(clean_slate), k8s.CustomObjectsApi(clean_slate)
-    create_all(1000, lambda i: core.create_namespaced_config_map(
+    create_all(CM_COUNT, lambda i: core.create_namespaced_config_map(
         namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=f"cm-{i:04d}"), data={"i": str(i)})))  # fmt: skip
-    create_all(500, lambda i: custom.create_namespaced_custom_object(group, "v1", namespace, plural, {
+    create_all(CR_COUNT, lambda i: custom.create_namespaced_custom_object(group, "v1", namespace, plural, {
         "apiVersion": f"{group}/v1", "kind": "Widget", "metadata": {"name": f"w-{i:03d}"}, "spec": {"i": i}}))  # fmt: skip
     # An upgrade before the install: the ConfigMaps are stored in v1, the servers now write v2.
     kubesim.admin.set_storage_version("configmaps", "v2")
     cm_prefix, cr_prefix = f"/registry/configmaps/{namespace}/", f"/registry/{group}/{plural}/{namespace}/"
     created = revisions(kubesim.etcd, cm_prefix)
-    assert len(created) == 1000 and {v for v, _ in created.values()} == {"v1"}
+    assert len(created) == CM_COUNT and {v for v, _ in created.values()} == {"v1"}
 
     summary = initialize(start_migrations=False, kubeconfig=kubesim.kubeconfig)
     assert sorted(migration_resource(m) for m in our_migrations(kubesim.kubeconfig)) == sorted(
@@ -150,7 +169,9 @@ def test_first_install_rewrites_every_object_once(
     migrated_cms, migrated_crs = revisions(kubesim.etcd, cm_prefix), revisions(kubesim.etcd, cr_prefix)
     assert {v for v, _ in migrated_cms.values()} == {"v2"}
     assert all(migrated_cms[k][1] > created[k][1] for k in created), "the first migration rewrote every ConfigMap"
-    assert len(migrated_crs) == 500
+    assert len(migrated_crs) == CR_COUNT
+    # more than one chunk each, as at the issue's size (the rule is about pages, not their number)
+    assert all(m.status.progress and m.status.progress.chunks > 1 for m in our_migrations(kubesim.kubeconfig))
 
     polled = detection_poll(kubesim.kubeconfig)
     assert polled.applied.created_migrations == [] and polled.runnable == []
@@ -180,18 +201,26 @@ def test_a_hash_that_changes_after_initialize_gets_its_one_more_migration(
 
     first_install_env(monkeypatch, ["configmaps", "secrets"])
     core = k8s.CoreV1Api(clean_slate)
-    create_all(40, lambda i: core.create_namespaced_config_map(
+    create_all(20, lambda i: core.create_namespaced_config_map(
         namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=f"cm-{i:02d}"), data={"i": str(i)})))  # fmt: skip
-    create_all(10, lambda i: core.create_namespaced_secret(
+    create_all(5, lambda i: core.create_namespaced_secret(
         namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i:02d}"), string_data={"i": str(i)})))  # fmt: skip
 
     summary = initialize(start_migrations=False, kubeconfig=kubesim.kubeconfig)
     assert len(summary.created) == 2
     assert states_of(kubesim.kubeconfig)["configmaps"].status.current_storage_version_hash == CM_V1
     kubesim.admin.set_storage_version("configmaps", "v2")
+    # The recorded times have second precision (metav1.Time), and a migration that started in
+    # the second its state recorded the hash counts as started after it (storage_migrator.
+    # detection.rules.proves: `started >= since`). This rule is about one that started before:
+    # one PATCH held a second makes the migration end, and run-migrations' closing poll record
+    # v2, at least a second after it started. Issue 29: a quick run fell in one second.
+    kubesim.admin.set_faults([{"verb": "patch", "resource": "configmaps", "namespace": namespace,
+                               "latency": 1.0, "times": 1}])  # fmt: skip
 
     ran = run_migrations(kubeconfig=kubesim.kubeconfig, **FAST)
     assert set(ran.outcomes.values()) == {"Completed"}, ran.outcomes
+    assert kubesim.admin.faults()[0]["fired"] == 1, "the migration held one PATCH"
     assert requests_by_resource(kubesim.kubeconfig) == {"configmaps": 2, "secrets": 1}
     secrets = revisions(kubesim.etcd, f"/registry/secrets/{namespace}/")
 

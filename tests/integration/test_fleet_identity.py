@@ -35,15 +35,28 @@ MIGRATIONS = b"/registry/migration.k8s.io/storageversionmigrations/"
 FAST: dict[str, Any] = {"write_rate_per_second": 2000.0, "write_concurrency": 8, "chunk_size": 500}
 
 
-@pytest.fixture
-def cluster_b(tmp_path: Path) -> Iterator[tuple[Cluster, Path]]:
-    """A second cluster, with its own etcd and our CRDs, and one ConfigMap to migrate."""
-    kubeconfig = tmp_path / "cluster-b.kubeconfig"
+@pytest.fixture(scope="module")
+def shared_cluster_b(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Cluster, Path]]:
+    """A second cluster, with its own etcd and our CRDs, and one ConfigMap to migrate: one for
+    the module (issue 29); `cluster_b` puts back what each test wrote there."""
+    kubeconfig = tmp_path_factory.mktemp("fleet") / "cluster-b.kubeconfig"
     with cluster_with_crds(kubeconfig) as other, k8s_config.new_client_from_config(config_file=str(kubeconfig)) as api:
         k8s.CoreV1Api(api).create_namespaced_config_map(
             "default", k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name="only-in-b"), data={"k": "v"})
         )
         yield other, kubeconfig
+
+
+@pytest.fixture
+def cluster_b(shared_cluster_b: tuple[Cluster, Path]) -> Iterator[tuple[Cluster, Path]]:
+    """Cluster B as the test found it afterwards: no StorageStates, no migrations (a run there
+    made them; the next test asserts none was made by its own run)."""
+    yield shared_cluster_b
+    with k8s_config.new_client_from_config(config_file=str(shared_cluster_b[1])) as api:
+        custom = k8s.CustomObjectsApi(api)
+        for plural in ("storageversionmigrations", "storagestates"):
+            for item in custom.list_cluster_custom_object("migration.k8s.io", "v1alpha1", plural)["items"]:
+                custom.delete_cluster_custom_object("migration.k8s.io", "v1alpha1", plural, item["metadata"]["name"])
 
 
 @pytest.fixture

@@ -20,11 +20,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import install_migration_crds
+from conftest import install_migration_crds, wait_until
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
@@ -40,8 +39,25 @@ V1, V2 = storage_version_hash("", "v1", "ConfigMap"), storage_version_hash("", "
 GROUP, VERSION = "migration.k8s.io", "v1alpha1"
 
 
+@pytest.fixture(autouse=True)
+def runs_pace_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every migration of the module paces itself at its own rate (a documented setting): the
+    write budget shared through the Prefect server is not this module's subject (it is
+    tests/integration/test_write_budget.py's, test_fleet_budgets.py's, test_fleet_identity.py's
+    and the e2e tier's). Issue 29: its writer's lease is an API write that the Prefect test
+    server's SQLite answers 503 "database is locked" about once a run, and the client then
+    sleeps 2 s before it retries."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
+
+
 class Writers(threading.Thread):
-    """Creates and updates ConfigMaps through every API server in turn, until stopped."""
+    """Creates and updates ConfigMaps through every API server in turn, until stopped.
+
+    One create and one update every PACE_SECONDS: writes all through the upgrade, at a pace
+    that does not make a slow machine slower (issue 29; the test waits on their count), and
+    `write_through` one server at once when the test asks."""
+
+    PACE_SECONDS = 0.15
 
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         super().__init__(daemon=True)
@@ -69,7 +85,13 @@ class Writers(threading.Thread):
             except k8s.ApiException:
                 pass  # a write lost to a race is not what this test is about
             n += 1
-            time.sleep(0.1)
+            self.stop.wait(self.PACE_SECONDS)
+
+    def write_through(self, i: int, name: str) -> None:
+        """A ConfigMap created through server `i` now (not counted: `writes` are the loop's)."""
+        k8s.CoreV1Api(self.apis[i]).create_namespaced_config_map(
+            self.namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=name), data={"server": str(i)})
+        )
 
     def close(self) -> None:
         self.stop.set()
@@ -99,13 +121,47 @@ class SucceededLog(threading.Thread):
             time.sleep(0.1)
 
 
-@pytest.fixture(params=["storage-version-api", "discovery-per-server"])
-def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cluster]:
-    """Three servers; without the StorageVersion API detection finds them through the EndpointSlices."""
+@pytest.fixture(scope="module", params=["storage-version-api", "discovery-per-server"])
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three servers, with our CRDs; without the StorageVersion API detection finds them through
+    the EndpointSlices. One per source for the module's tests (issue 29: two starts, not four);
+    each test puts back what it changed (`put_back`)."""
     gates = {} if request.param == "storage-version-api" else {"StorageVersionAPI": False}
     with Cluster(servers=3, feature_gates=gates) as own:
-        own.write_kubeconfig(tmp_path / "kubeconfig")
+        own.write_kubeconfig(tmp_path_factory.mktemp("rolling") / "kubeconfig")
+        with k8s_config.new_client_from_config(config_file=str(own.kubeconfig)) as api:
+            install_migration_crds(api)
         yield own
+
+
+@pytest.fixture(autouse=True)
+def put_back(cluster: Cluster) -> Iterator[None]:
+    """After each test: every server's storage versions as before, no StorageStates nor migrations."""
+    admins = [Admin(server.url) for server in cluster.servers]
+    before = [admin.config()["storageVersions"] for admin in admins]
+    yield
+    for admin, versions in zip(admins, before, strict=True):
+        now = admin.config()["storageVersions"]
+        for group_resource, version in versions.items():
+            if now.get(group_resource) != version:  # each switch republishes the StorageVersions: the changed only
+                resource, _, group = group_resource.partition(".")
+                admin.set_storage_version(resource, version, group=group)
+    with k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig)) as api:
+        custom = k8s.CustomObjectsApi(api)
+        for plural in ("storageversionmigrations", "storagestates"):
+            for item in custom.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
+                custom.delete_cluster_custom_object(GROUP, VERSION, plural, item["metadata"]["name"])
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A namespace of the test's own, deleted with its objects afterwards (the cluster is shared)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    with k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig)) as api:
+        k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name)))
+    yield name
+    with k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig)) as api:
+        k8s.CoreV1Api(api).delete_namespace(name)
 
 
 def configmap_versions(cluster: Cluster, namespace: str) -> dict[str, str]:
@@ -121,7 +177,7 @@ def configmap_versions(cluster: Cluster, namespace: str) -> dict[str, str]:
 
 
 def test_a_rolling_upgrade_migrates_only_once_every_server_agrees(
-    cluster: Cluster, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, namespace: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from flows.detect_storage_changes import detect_storage_changes
 
@@ -133,10 +189,7 @@ def test_a_rolling_upgrade_migrates_only_once_every_server_agrees(
     source = request.node.callspec.params["cluster"]
     kubeconfig = str(cluster.kubeconfig)
     api = k8s_config.new_client_from_config(config_file=kubeconfig)
-    install_migration_crds(api)
-    namespace = f"t-{uuid.uuid4().hex[:8]}"
     core = k8s.CoreV1Api(api)
-    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=namespace)))
     for i in range(60):
         core.create_namespaced_config_map(namespace, k8s.V1ConfigMap(metadata=k8s.V1ObjectMeta(name=f"cm-{i:03d}")))
     custom = k8s.CustomObjectsApi(api)
@@ -161,7 +214,9 @@ def test_a_rolling_upgrade_migrates_only_once_every_server_agrees(
         upgraded_at = time.monotonic()
         for i in range(3):
             Admin(cluster.servers[i].url).set_storage_version("configmaps", "v2")
-            time.sleep(0.5)  # writers go through the upgraded server
+            # Writers go through the upgraded server: one write through it now, beside the
+            # background writers (issue 29: the write itself, not a 0.5 s sleep for one).
+            writers.write_through(i, f"upgraded-{i}")
             if i < 2:
                 during = poll()
                 assert not during.applied.created_migrations, "a migration was requested while servers disagreed"
@@ -176,6 +231,9 @@ def test_a_rolling_upgrade_migrates_only_once_every_server_agrees(
         assert final["persistedStorageVersionHashes"] == [V2]
         assert final["currentStorageVersionHash"] == V2
         assert [e["currentStorageVersionHash"] for e in final["currentStorageVersionHashes"]] == [V2] * 3
+        # Writers run from before the first poll to after the last; a quick run waits here for
+        # the writes the assertion below asks of each server (a count, not a guess at a duration).
+        wait_until(lambda: min(writers.writes) > 10, what="more than 10 writes through each server")
     finally:
         writers.close()
         log.stop.set()

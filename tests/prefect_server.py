@@ -8,6 +8,12 @@ seconds of nothing in a test that runs flows, and once a failed CI run. PostgreS
 documented choice for a shared server (issue 13), has no such lock. The rest is the harness's
 recipe: the server a subprocess on a free port, this process's settings pointed at it
 (tasks never cache), Prefect's log and event workers drained before it stops.
+
+The flows run here send no heartbeats: Prefect 3.9 gives every flow run a heartbeat thread
+that sleeps in steps of a second and is joined when the run ends, so each flow called
+in-process took a second at least (12 polls of one test: 7.5 of its 11.9 s). Nothing in
+these tests watches heartbeats (run-migrations keeps a lease of its own); the e2e tier's
+deployed runs keep Prefect's default.
 """
 
 from __future__ import annotations
@@ -26,7 +32,12 @@ def prefect_server(database_url: str, *, timeout: int = 180) -> Iterator[str]:
     import prefect.context
     from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     os.environ["PREFECT_TASKS_DEFAULT_NO_CACHE"] = "true"
@@ -38,7 +49,8 @@ def prefect_server(database_url: str, *, timeout: int = 180) -> Iterator[str]:
         SubprocessASGIServer._instances[None] = server
         server.start(timeout=timeout)
         try:
-            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url}))
+            stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url,
+                                                            PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))  # fmt: skip
             # Threads and contexts made before this point see the server too (Prefect's harness does so).
             stack.enter_context(
                 prefect.context._temporary_global_settings_context(prefect.context.get_settings_context())

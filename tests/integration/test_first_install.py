@@ -52,17 +52,6 @@ CM_V1 = storage_version_hash("", "v1", "ConfigMap")
 CM_V2 = storage_version_hash("", "v2", "ConfigMap")
 
 
-@pytest.fixture(autouse=True)
-def runs_pace_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every migration of the module paces itself at its own rate (a documented setting): the
-    write budget shared through the Prefect server is not this module's subject (it is
-    tests/integration/test_write_budget.py's, test_fleet_budgets.py's, test_fleet_identity.py's
-    and the e2e tier's). Issue 29: its writer's lease is an API write that the Prefect test
-    server's SQLite answers 503 "database is locked" about once a run, and the client then
-    sleeps 2 s before it retries."""
-    monkeypatch.setenv("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
-
-
 def first_install_env(monkeypatch: pytest.MonkeyPatch, resources: list[str]) -> None:
     """The worker's settings, which every flow of the test reads (initialize, run-migrations and
     its closing poll, detection): these resources alone, no settle delay, a generous budget,

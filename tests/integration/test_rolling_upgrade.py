@@ -39,17 +39,6 @@ V1, V2 = storage_version_hash("", "v1", "ConfigMap"), storage_version_hash("", "
 GROUP, VERSION = "migration.k8s.io", "v1alpha1"
 
 
-@pytest.fixture(autouse=True)
-def runs_pace_themselves(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every migration of the module paces itself at its own rate (a documented setting): the
-    write budget shared through the Prefect server is not this module's subject (it is
-    tests/integration/test_write_budget.py's, test_fleet_budgets.py's, test_fleet_identity.py's
-    and the e2e tier's). Issue 29: its writer's lease is an API write that the Prefect test
-    server's SQLite answers 503 "database is locked" about once a run, and the client then
-    sleeps 2 s before it retries."""
-    monkeypatch.setenv("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
-
-
 class Writers(threading.Thread):
     """Creates and updates ConfigMaps through every API server in turn, until stopped.
 

@@ -121,9 +121,6 @@ def test_a_named_clusters_run_is_in_the_ledger_under_its_name(
 
     ledger = f"sqlite:///{tmp_path / 'ledger.db'}"
     monkeypatch.setenv("STORAGE_MIGRATOR_DATABASE_URL", ledger)
-    # The run paces itself: the per-cluster budget is test_fleet_identity.py's subject, and its
-    # writer's lease meets the test server's SQLite 'database is locked' (a 2 s retry; issue 29).
-    monkeypatch.setenv("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
 
     state: Any = migrate_resource(resource="configmaps", cluster=kubesim_block, write_rate_per_second=2000.0,
                                   return_state=True)  # fmt: skip

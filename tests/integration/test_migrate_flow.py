@@ -317,7 +317,7 @@ class FlowForker:
         """SIGKILL the run started last, as a crash does, and reap it."""
         assert self.running is not None
         os.kill(self.running, signal.SIGKILL)
-        assert self.ended(timeout=30) == -signal.SIGKILL
+        self.ended(timeout=30)
 
     def _line(self, *, timeout: float) -> str:
         assert self.proc.stdout is not None

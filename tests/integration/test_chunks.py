@@ -663,7 +663,7 @@ class Writers:
     def _update(self, names: list[str], tag: str) -> None:
         rng = random.Random(tag)
         i = 0
-        while not self.stop.is_set():
+        while not self.stop.wait(0.005):  # paced (issue 29): with no pause they took the GIL from the migration
             name = rng.choice(names)
             value = f"{tag}-{i}"
             i += 1

@@ -223,7 +223,13 @@ def test_the_shipped_automation_notifies_when_a_migration_fails(
         emit_migration("succeeded", migration="events-ok", group_resource="configmaps", progress=MigrationProgress())
         _emit_failure("events-bad")
         wait_for(lambda: _calls(received, "events-bad"), what="the webhook call for events-bad", timeout=60)
-        time.sleep(3)  # a second call (or one for events-ok, sent first) would have come by now
+        # A failure sent after the others, as a fence (issue 29: an event, where a sleep guessed how
+        # long the server takes): the server's triggers, then its actions, take messages from
+        # first-in-first-out queues, so events-ok (sent first) was judged and events-bad's action
+        # run while the fence waited behind them: a call for events-ok, or a second one for
+        # events-bad, would come before the fence's.
+        _emit_failure("events-fence")
+        wait_for(lambda: _calls(received, "events-fence"), what="the webhook call for events-fence", timeout=60)
     finally:
         with get_client(sync_client=True) as client:
             for automation in client.read_automations_by_name("storage-migrator-notify-failed-migration"):

@@ -6,12 +6,16 @@ Judged by what etcd holds (DESIGN 8), not by what the flow reports.
 from __future__ import annotations
 
 import base64
+import contextlib
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -180,12 +184,41 @@ def test_an_object_that_is_always_rejected_fails_the_migration_by_name(
         assert api_version == ("v1" if key.endswith(names[5]) else "v2"), key
 
 
+MIGRATIONS_PREFIX = "/registry/migration.k8s.io/storageversionmigrations/"
+
+
+def checkpoints(kubesim: Kubesim, *, since: int, name: str = "", timeout: float) -> Iterator[tuple[str, str]]:
+    """(request, continue token) for each checkpoint that stored a new token in a request
+    (named `name`, or any) after etcd revision `since`, as etcd sees the write: an event
+    where the API was polled (issue 29). Ends after `timeout` seconds."""
+    prefix = f"{MIGRATIONS_PREFIX}{name}".encode()
+    events, cancel = kubesim.etcd.watch(prefix, start_revision=since + 1)
+    deadline = time.monotonic() + timeout
+    try:
+        for batch in events:
+            if isinstance(batch, Exception):
+                raise batch
+            for event in batch:
+                key = event.kv.key.decode()
+                if event.type != "PUT" or (name and key != prefix.decode()):
+                    continue
+                token = decode(event.kv.value, read_keys=[]).obj["spec"].get("continueToken")
+                before = decode(event.prev.value, read_keys=[]).obj["spec"].get("continueToken") if event.prev else None
+                if token and token != before:
+                    yield key.removeprefix(MIGRATIONS_PREFIX), token
+            if time.monotonic() > deadline:
+                return
+    finally:
+        cancel()
+
+
 def test_deleting_the_request_cancels_the_run_within_one_chunk(kubesim: Kubesim, namespace: str, core: Any) -> None:
     """DESIGN 4.5: "Deleting the StorageVersionMigration object really cancels its run"."""
     make_configmaps(core, namespace, 60)
     kubesim.admin.set_storage_version("configmaps", "v2")
     api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
     known = {m.metadata.name for m in list_migrations(api)}
+    since = kubesim.etcd.revision()
     result: dict[str, Any] = {}
     runner = threading.Thread(
         target=lambda: result.setdefault(
@@ -196,7 +229,9 @@ def test_deleting_the_request_cancels_the_run_within_one_chunk(kubesim: Kubesim,
     try:
         # The first checkpoint waits on the shared budget, which reads the Prefect server:
         # a loaded CI machine has stalled that for a minute, so the wait is generous.
-        name = wait_for_checkpoint(api, known, timeout=150)
+        with contextlib.closing(checkpoints(kubesim, since=since, timeout=150)) as stored_tokens:
+            name = next((n for n, _ in stored_tokens if n not in known), None)
+        assert name, "no new migration stored a continue token within 150 s"
         k8s.CustomObjectsApi(api).delete_cluster_custom_object(
             "migration.k8s.io", "v1alpha1", "storageversionmigrations", name
         )
@@ -210,17 +245,6 @@ def test_deleting_the_request_cancels_the_run_within_one_chunk(kubesim: Kubesim,
     assert patches_after - patches_at_delete <= 5  # at most the chunk in flight
     still_v1 = [k for k, v in stored(kubesim, f"/registry/configmaps/{namespace}/").items() if v[0] == "v1"]
     assert still_v1, "the run went on to the end instead of stopping"
-
-
-def wait_for_checkpoint(api: Any, known: set[str], *, timeout: float) -> str:
-    """The name of the first new migration that has stored a continue token."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        fresh = [m for m in list_migrations(api) if m.metadata.name not in known and m.spec.continue_token]
-        if fresh:
-            return str(fresh[0].metadata.name)
-        time.sleep(0.05)
-    raise AssertionError(f"no new migration stored a continue token within {timeout:.0f} s")
 
 
 def _stop_runs(api: Any, known: set[str], runner: threading.Thread) -> None:
@@ -237,19 +261,96 @@ def _stop_runs(api: Any, known: set[str], runner: threading.Thread) -> None:
     runner.join(timeout=180)
 
 
-def _spawn(kubesim: Kubesim, prefect_api: str, migration: str) -> subprocess.Popen[bytes]:
-    code = (
-        "from flows.migrate_resource import migrate_resource\n"
-        f"migrate_resource(migration={migration!r}, kubeconfig={kubesim.kubeconfig!r}, chunk_size=10,"
-        " write_rate_per_second=60.0, write_concurrency=4)\n"
-    )
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "DO_NOT_TRACK": "1",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
-    return subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+#: A process that imports the flow once, then runs each `migrate_resource(**params)` line of its
+#: stdin in a fork of itself: a flow-run process as `python -c` starts one, less the imports (issue
+#: 29: about 4 s of CPU a run; those made at a run's first call too: Prefect's engines and its
+#: encoder of parameters, the ledger's schema check). It prints the fork's pid, then its exit code
+#: once it has ended; the fork writes to the log file, and exits as `python -c` would (an
+#: exception: 1, atexit run). The forker itself starts no thread, so that a fork holds no lock
+#: another thread held.
+FORKER = """
+import json, os, sys
+import alembic.command, alembic.config, alembic.runtime.migration, alembic.script, sqlite3
+import fastapi.encoders, prefect.flow_engine, prefect.task_engine
+from flows.migrate_resource import migrate_resource
+
+while line := sys.stdin.readline():
+    pid = os.fork()
+    if pid == 0:
+        log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        migrate_resource(**json.loads(line))
+        sys.exit(0)
+    print(pid, flush=True)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+"""
 
 
-def test_killed_runs_resume_from_the_checkpoint(kubesim: Kubesim, namespace: str, core: Any, prefect_api: str) -> None:
+class FlowForker:
+    """Flow-run processes forked from one that imported `flows.migrate_resource` (FORKER)."""
+
+    def __init__(self, prefect_api: str, log: Path) -> None:
+        env = {**os.environ, "PREFECT_API_URL": prefect_api, "DO_NOT_TRACK": "1",
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}  # fmt: skip
+        self.log = log
+        self.proc = subprocess.Popen([sys.executable, "-c", FORKER, str(log)], cwd=REPO, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+        self._buffer = b""
+        self.running: int | None = None
+
+    def start(self, **params: Any) -> int:
+        """Start a run in a new fork; its pid."""
+        assert self.proc.stdin is not None and self.running is None
+        self.proc.stdin.write(json.dumps(params).encode() + b"\n")
+        self.proc.stdin.flush()
+        self.running = int(self._line(timeout=120))  # the first one waits for the import
+        return self.running
+
+    def ended(self, *, timeout: float) -> int:
+        """The exit code of the run started last, once it has ended."""
+        code = int(self._line(timeout=timeout))
+        self.running = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL the run started last, as a crash does, and reap it."""
+        assert self.running is not None
+        os.kill(self.running, signal.SIGKILL)
+        self.ended(timeout=30)
+
+    def _line(self, *, timeout: float) -> str:
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, left))
+            chunk = os.read(self.proc.stdout.fileno(), 4096) if ready else b""
+            if not chunk:
+                log = self.log.read_text()[-3000:] if self.log.exists() else ""
+                raise AssertionError(f"the flow forker {'exited' if ready else 'did not answer'}: {log}")
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode()
+
+    def close(self) -> None:
+        if self.running is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.running, signal.SIGKILL)
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # the forker's loop ends
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+def test_killed_runs_resume_from_the_checkpoint(
+    kubesim: Kubesim, namespace: str, core: Any, prefect_api: str, tmp_path: Path
+) -> None:
     """seed 002 "Failure recovery": the continue token stored in the migration lets a
     new run "resume from where it left off"; DESIGN 4.5: a crash re-does at most one
     chunk and never skips an object."""
@@ -266,22 +367,25 @@ def test_killed_runs_resume_from_the_checkpoint(kubesim: Kubesim, namespace: str
     total_objects = sum(len(core.list_namespaced_config_map(ns.metadata.name).items)
                         for ns in core.list_namespace().items)  # fmt: skip
     patches_before = kubesim.admin.counters()["requestsByResource"].get("patch configmaps", 0)
+    params = {"migration": name, "kubeconfig": kubesim.kubeconfig, "chunk_size": chunk,
+              "write_rate_per_second": 60.0, "write_concurrency": 4}  # fmt: skip
     tokens_seen: list[str] = []
-    for _ in range(kills):
-        proc = _spawn(kubesim, prefect_api, name)
-        start_token = read_migration(api, name).spec.continue_token
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:  # kill after two more checkpoints
-            token = read_migration(api, name).spec.continue_token
-            if token and token != start_token and token not in tokens_seen:
-                tokens_seen.append(token)
-                if len(tokens_seen) % 2 == 0:
-                    break
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-    final = _spawn(kubesim, prefect_api, name)
-    assert final.wait(timeout=180) == 0
+    forker = FlowForker(prefect_api, tmp_path / "flow-runs.log")
+    try:
+        for _ in range(kills):
+            since = kubesim.etcd.revision()
+            forker.start(**params)
+            with contextlib.closing(checkpoints(kubesim, since=since, name=name, timeout=90)) as stored_tokens:
+                for _, token in stored_tokens:  # kill after two more checkpoints
+                    if token not in tokens_seen:
+                        tokens_seen.append(token)
+                        if len(tokens_seen) % 2 == 0:
+                            break
+            forker.kill()
+        forker.start(**params)
+        assert forker.ended(timeout=180) == 0, forker.log.read_text()[-3000:]
+    finally:
+        forker.close()
     migration = read_migration(api, name)
     assert is_condition_true(migration.status.conditions, "Succeeded"), migration.status.conditions
     for key, (api_version, *_rest) in stored(kubesim, f"/registry/configmaps/{namespace}/").items():

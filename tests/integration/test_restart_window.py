@@ -46,6 +46,8 @@ from storage_migrator.settings import Settings
 pytestmark = pytest.mark.integration
 
 SECRETS = ResourceRef(version="v1", resource="secrets")
+#: The prefix of a value etcd holds encrypted under key2 (DESIGN 6).
+KEY2 = b"k8s:enc:aescbc:v1:key2:"
 WINDOW_SECONDS = 2.5
 OPTIONS = ChunkOptions(
     limit=40,
@@ -121,25 +123,39 @@ def write_keys(cluster: Cluster, namespace: str) -> dict[str, str]:
 
 
 class Restarter(threading.Thread):
-    """Restarts API server 0 (with its 403 window) each time `at` many Secrets are under key2."""
+    """Restarts API server 0 (with its 403 window) each time `at` many Secrets are under key2.
+
+    It counts them from etcd's watch of the namespace, from the revision it was made at (issue
+    29: each write an event, where a poll read every Secret 20 times a second)."""
 
     def __init__(self, cluster: Cluster, namespace: str, at: list[int]) -> None:
         super().__init__(daemon=True)
         self.cluster, self.namespace, self.at = cluster, namespace, at
         self.done: list[int] = []
         self.stop = threading.Event()
+        self._etcd = cluster.etcd()
+        self._since = self._etcd.revision()
 
     def run(self) -> None:
-        for threshold in self.at:
-            while not self.stop.is_set():
-                migrated = sum(1 for k in write_keys(self.cluster, self.namespace).values() if k == "key2")
-                if migrated >= threshold:
-                    break
-                time.sleep(0.05)
-            if self.stop.is_set():
-                return
-            self.cluster.restart_server(0, down_seconds=0.3, authz_warmup_seconds=WINDOW_SECONDS)
-            self.done.append(threshold)
+        prefix = f"/registry/secrets/{self.namespace}/".encode()
+        events, cancel = self._etcd.watch(prefix, start_revision=self._since + 1)
+        under_key2: set[bytes] = set()
+        pending = list(self.at)
+        try:
+            for batch in events:
+                if self.stop.is_set():
+                    return
+                if isinstance(batch, Exception):
+                    raise batch
+                under_key2 |= {e.kv.key for e in batch if e.type == "PUT" and e.kv.value.startswith(KEY2)}
+                while pending and len(under_key2) >= pending[0]:
+                    self.cluster.restart_server(0, down_seconds=0.3, authz_warmup_seconds=WINDOW_SECONDS)
+                    self.done.append(pending.pop(0))
+                if not pending:
+                    return
+        finally:
+            cancel()
+            self._etcd.close()
 
 
 def test_kubesim_restart_keeps_port_and_data_and_answers_403_while_warming(cluster: Cluster, api: ApiClient) -> None:
@@ -179,11 +195,11 @@ def test_a_migration_across_two_restarts_with_their_403_window_fails_nothing(clu
     """Done when "a migration across two kubesim restarts with their 403 window
     ends Succeeded": every Secret is re-encrypted under the new key (etcd), no
     object fails, and every listed object settled into one outcome."""
-    count = 1200
+    count = 600  # 15 chunks of 40; a restart at 1/8 and at 1/2 of the way (issue 29: was 1200)
     namespace = make_secrets(api, count)
     admin = Admin(cluster.server.url)
     admin.set_encryption(["key2", "key1"])
-    restarter = Restarter(cluster, namespace, at=[150, 600])
+    restarter = Restarter(cluster, namespace, at=[75, 300])
     pacer = BatchedPacer(NoBudget(), LocalRateLimiter(250.0, burst=4), batch=OPTIONS.limit)
     trouble = ServerTrouble(window_seconds=OPTIONS.settle_window_seconds)
     progress = MigrationProgress()
@@ -204,7 +220,7 @@ def test_a_migration_across_two_restarts_with_their_403_window_fails_nothing(clu
         restarter.stop.set()
         restarter.join(timeout=30)
 
-    assert restarter.done == [150, 600], "both restarts happened while the migration ran"
+    assert restarter.done == [75, 300], "both restarts happened while the migration ran"
     assert settle_waits > 0, "the migration met the 403 window"
     assert progress.failed == 0, failure_summary(failures, progress.failed)
     settled = progress.rewritten + progress.unchanged + progress.gone + progress.conflicted + progress.failed
@@ -262,11 +278,11 @@ def test_the_migrate_resource_flow_across_two_restarts_ends_succeeded(cluster: C
     from storage_migrator.migration.requests import list_migrations
     from storage_migrator.models import CONDITION_SUCCEEDED
 
-    count = 600
+    count = 400  # 10 chunks of 40; a restart at about 1/6 and 4/7 of the way (issue 29: was 600)
     install_migration_crds(api)
     namespace = make_secrets(api, count)
     Admin(cluster.server.url).set_encryption(["key2", "key1"])
-    restarter = Restarter(cluster, namespace, at=[100, 350])
+    restarter = Restarter(cluster, namespace, at=[70, 230])
     restarter.start()
     try:
         state = migrate_resource(
@@ -277,7 +293,7 @@ def test_the_migrate_resource_flow_across_two_restarts_ends_succeeded(cluster: C
         restarter.stop.set()
         restarter.join(timeout=30)
 
-    assert restarter.done == [100, 350], "both restarts happened while the flow ran"
+    assert restarter.done == [70, 230], "both restarts happened while the flow ran"
     assert state.is_completed(), state.message
     (request,) = [m for m in list_migrations(api) if m.spec.resource.resource == "secrets"]
     assert is_condition_true(request.status.conditions, CONDITION_SUCCEEDED), request.status.conditions

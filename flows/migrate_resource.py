@@ -41,6 +41,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed
 from pydantic import BaseModel, Field
 
+from flows.best_effort import best_effort
 from flows.cluster_scope import cluster_settings, entered_cluster
 from flows.events import delivered_events, emit_migration
 from flows.run_logs import our_logs_in_the_run
@@ -53,8 +54,17 @@ from storage_migrator.agreement.storage_versions import (
 )
 from storage_migrator.fleet.names import budget_limit_name, cluster_name, scoped_key
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
-from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
+from storage_migrator.migration.chunk_terms import BudgetUnreachable, MigrationAborted, add_progress
 from storage_migrator.migration.dispatch import was_presumed_dead
+from storage_migrator.migration.outage import (
+    HOLD_SECONDS,
+    PREFECT_UNREACHABLE,
+    WAITING_FOR_PREFECT,
+    MigrationSuspended,
+    decide_outage,
+    gave_up_message,
+    waiting_message,
+)
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
 from storage_migrator.models import (
     CONDITION_SUCCEEDED,
@@ -69,18 +79,22 @@ from tasks.migrating import (
     check_agreement,
     checkpoint,
     finish_migration,
+    hold_migration,
     migrate_chunk_task,
     resolve_migration,
     restart_pass,
     start_migration,
+    suspend_migration,
 )
 from tasks.server_configs import observe_configs
 from tasks.write_budget import (
+    SILENCE_SHARE_OF_LEASE,
     RateLimitInfo,
     batch_for,
     ensure_write_rate_limit,
     rejoin_writer,
     release_writer,
+    wait_for_budget,
     writer_lease,
 )
 
@@ -145,11 +159,12 @@ def _percent(progress: MigrationProgress) -> float:
 
 def _outcome_table(settings: Settings, handle: MigrationHandle, progress: MigrationProgress, phase: str) -> None:
     counts = progress.model_dump(exclude={"remaining_item_count"})
-    create_table_artifact(
-        table=[{"outcome": k, "objects": v} for k, v in counts.items()],
-        key=_artifact_key(f"{handle.name}-outcome", settings.cluster_config_block),
-        description=f"{handle.ref}: {phase}",
-    )
+    with best_effort("the outcome table artifact"):
+        create_table_artifact(
+            table=[{"outcome": k, "objects": v} for k, v in counts.items()],
+            key=_artifact_key(f"{handle.name}-outcome", settings.cluster_config_block),
+            description=f"{handle.ref}: {phase}",
+        )
 
 
 def _fail(settings: Settings, handle: MigrationHandle, rec: RunRecorder, progress: MigrationProgress, *,
@@ -204,7 +219,7 @@ def _migrate_passes(
     budget: RateLimitInfo,
     run: Passes,
     baseline: StorageVersionObservation | None,
-    artifact: UUID,
+    artifact: UUID | None,
     rec: RunRecorder,
 ) -> None:
     """Chunk after chunk until the LIST is complete, asking after each checkpoint
@@ -214,7 +229,11 @@ def _migrate_passes(
     shown = time.monotonic()
     while True:
         began = time.monotonic()
-        chunk = migrate_chunk_task(settings, handle, run.token, budget)
+        try:
+            chunk = migrate_chunk_task(settings, handle, run.token, budget)
+        except BudgetUnreachable as exc:
+            _wait_for_prefect(settings, handle, budget, exc)
+            continue  # the chunk again, from the stored checkpoint (at most one chunk re-done)
         if chunk.token_out is None:
             release_writer(budget)  # the last write is done: the others get its share now
         run.progress = add_progress(run.progress, chunk)
@@ -226,8 +245,9 @@ def _migrate_passes(
                                   failures=run.failures)  # fmt: skip
         asked = check_agreement.submit(settings, handle)
         heard = observe_configs.submit(settings) if handle.encryption_key else None
-        if time.monotonic() - shown >= ARTIFACT_SECONDS:
-            update_progress_artifact(artifact_id=artifact, progress=_percent(run.progress))
+        if artifact is not None and time.monotonic() - shown >= ARTIFACT_SECONDS:
+            with best_effort("the progress artifact"):
+                update_progress_artifact(artifact_id=artifact, progress=_percent(run.progress))
             shown = time.monotonic()
         saved.result()
         rec.chunk(chunk, duration_seconds=time.monotonic() - began, progress=run.progress)
@@ -254,6 +274,24 @@ def _migrate_passes(
             continue
         if run.token is None:
             return
+
+
+def _wait_for_prefect(settings: Settings, handle: MigrationHandle, budget: RateLimitInfo,
+                      cause: BudgetUnreachable) -> None:  # fmt: skip
+    """Issue 31: the budget's server is down. Nothing is written; the request keeps its checkpoint
+    and its lease (refreshed every HOLD_SECONDS) until the server answers, or the run gives up
+    (`MigrationSuspended`) after settings.prefect_outage_seconds."""
+    logger = get_run_logger()
+    logger.warning("%s: %s", handle.name, cause.message)
+    limit = settings.prefect_outage_seconds
+    silent = wait_for_budget(budget, 0)
+    while (action := decide_outage(silent, give_up_after=limit)) == "wait":
+        hold_migration(settings, handle, reason=WAITING_FOR_PREFECT, message=waiting_message(silent, limit))
+        hold = min(HOLD_SECONDS, settings.lease_seconds * SILENCE_SHARE_OF_LEASE)  # well inside the lease
+        silent = wait_for_budget(budget, min(hold, max(0.0, limit - silent)))
+    if action == "give_up":
+        raise MigrationSuspended(PREFECT_UNREACHABLE, gave_up_message(silent))
+    logger.warning("%s: the Prefect server answers again; the migration goes on from its checkpoint", handle.name)
 
 
 @flow(name="migrate-resource", flow_run_name=_run_name, persist_result=False, log_prints=False)
@@ -377,6 +415,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     else:
         budget = RateLimitInfo(name=None, writes_per_second=settings.write_rate_per_second,
                                batch=batch_for(settings.write_rate_per_second))  # fmt: skip
+    budget = budget.model_copy(update={"silence_grace_seconds": settings.lease_seconds * SILENCE_SHARE_OF_LEASE})
     # Seed 001: start only while the servers agree. A resumed run takes its baseline
     # here too: a move between the crash and the resume is not seen (the request
     # has no field to carry the first start's resourceVersion).
@@ -402,8 +441,10 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     _emit("started", handle, start.progress)
     logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip
-    artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name, settings.cluster_config_block),
-                                                   description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
+    artifact: UUID | None = None
+    with best_effort("the progress artifact"):
+        artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name, settings.cluster_config_block),
+                                                       description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token,
                  config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
     try:
@@ -418,8 +459,15 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     except MigrationAborted as exc:
         logger.warning("%s: %s", handle.name, exc.message)
         return _fail(settings, handle, rec, run.progress, reason=exc.reason, message=exc.message, passes=run.passes)
+    except MigrationSuspended as exc:
+        logger.warning("%s: %s", handle.name, exc.message)
+        suspend_migration(settings, handle, reason=exc.reason, message=exc.message)
+        rec.ended("crashed", run.progress, reason=exc.reason, message=exc.message, passes=run.passes)
+        return Failed(message=f"{handle.name}: {exc.message}")
     progress = run.progress
-    update_progress_artifact(artifact_id=artifact, progress=100.0)
+    if artifact is not None:
+        with best_effort("the progress artifact"):
+            update_progress_artifact(artifact_id=artifact, progress=100.0)
     if progress.failed:
         message = failure_summary(run.failures, progress.failed)
         return _fail(settings, handle, rec, progress, reason="ObjectsFailed", message=message, passes=run.passes,

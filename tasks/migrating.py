@@ -25,7 +25,13 @@ from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.ledger.recorder import encryption_key_of, requested_by
-from storage_migrator.migration.chunk_terms import ChunkOptions, ChunkResult, MigrationAborted, WriteMode
+from storage_migrator.migration.chunk_terms import (
+    BudgetUnreachable,
+    ChunkOptions,
+    ChunkResult,
+    MigrationAborted,
+    WriteMode,
+)
 from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.lookahead import PageAhead
 from storage_migrator.migration.requests import (
@@ -187,7 +193,7 @@ def _not_aborted(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a chunk on unexpected errors, never on a verdict about the migration."""
     try:
         state.result()
-    except (MigrationAborted, MigrationCancelled):
+    except (MigrationAborted, MigrationCancelled, BudgetUnreachable):
         return False
     except Exception:  # noqa: BLE001 - anything else may be transient
         return True
@@ -265,6 +271,20 @@ def restart_pass(
     """Reset the checkpoint for a new pass from the beginning; `MigrationCancelled` if the request is gone."""
     with connected(settings) as api:
         _record(api, handle).restart_pass(now=_now(), reason=reason, message=message, config_hash=config_hash)
+
+
+@task(name="hold-migration", **REQUEST_RETRIES, **PRIVATE)
+def hold_migration(settings: Settings, handle: MigrationHandle, *, reason: str, message: str) -> None:
+    """Refresh the request's lease while the run waits (issue 31); `MigrationCancelled` if it is gone."""
+    with connected(settings) as api:
+        _record(api, handle).hold(now=_now(), reason=reason, message=message)
+
+
+@task(name="suspend-migration", **REQUEST_RETRIES, **PRIVATE)
+def suspend_migration(settings: Settings, handle: MigrationHandle, *, reason: str, message: str) -> None:
+    """Leave the request to the next dispatch, its checkpoint kept (issue 31)."""
+    with connected(settings) as api:
+        _record(api, handle).suspend(now=_now(), reason=reason, message=message)
 
 
 @task(name="finish-migration", **REQUEST_RETRIES, **PRIVATE)

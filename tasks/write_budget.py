@@ -14,8 +14,15 @@ two global concurrency limits, created idempotently.
   refused (its limit is far above any real number of runs).
 
 Each migration reads both every second and paces itself at its share
-(`WindowedLimiter`). When no Prefect API answers at the start, the local token
-bucket alone keeps the rate (one worker's promise only).
+(`WindowedLimiter`). A limit made inactive (or without slot decay) by the operator
+means local pacing: the local token bucket alone keeps the rate (one worker's promise only).
+
+Issue 31: a Prefect server that does not answer is not a reason to pace locally: several
+workers pacing locally exceed the budget, and a run that fell back never came back. While
+the budget does not answer the run writes nothing (a stale view's pace is 0); a lease that
+could not be taken at the start is taken in the background once the server answers, the
+limits created then if missing. A chunk waiting longer than its grace (a quarter of the lease) stops
+(`BudgetUnreachable`): the flow keeps its request's lease and waits for the server.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from uuid import UUID, uuid4
 
+import httpx
 from prefect import task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
@@ -36,6 +44,7 @@ from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.fleet.names import writers_limit_name
+from storage_migrator.migration.chunk_terms import BudgetUnreachable
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
 from storage_migrator.migration.write_share import ShareView, WindowedLimiter, join_wait
 from tasks.common import PRIVATE
@@ -51,6 +60,11 @@ LEASE_SECONDS = 60.0
 LEASE_RENEW_SECONDS = 15.0
 #: The writers limit is a counter, not a limit: never refuse a writer.
 WRITERS_LIMIT = 10_000
+#: How long a write waits on a budget that does not answer before its chunk stops (issue 31), as
+#: a share of the request's lease (lease_seconds, 600 s by default: 150 s). A server's restart is
+#: waited out inside the chunk; a longer outage stops it (the chunk is done again later), so that
+#: the run refreshes its request's lease long before a dispatcher would resume it beside it.
+SILENCE_SHARE_OF_LEASE = 0.25
 
 
 class RateLimitInfo(BaseModel):
@@ -60,6 +74,17 @@ class RateLimitInfo(BaseModel):
 
     name: str | None = Field(description="The global concurrency limit; None: local pacing only.")
     writes_per_second: float = Field(gt=0)
+    silence_grace_seconds: float = Field(
+        default=150.0,
+        gt=0,
+        description="Seconds a write waits on a budget that does not answer before its chunk stops "
+        "(SILENCE_SHARE_OF_LEASE of the lease).",
+    )
+    ensured: bool = Field(
+        default=True,
+        description="False: the limits could not be read or made at the start "
+        "(the server did not answer); the writer's lease makes them when it answers.",
+    )
     batch: int = Field(ge=1, description="Writes admitted at a time by the local pacer.")
     holder: str | None = Field(default=None, description="The migration holding a writer's lease in this process.")
 
@@ -80,39 +105,30 @@ def _ensure_writers_limit(client: object, name: str) -> None:
             )
 
 
-@task(name="ensure-write-rate-limit", **PRIVATE)
-def ensure_write_rate_limit(name: str, writes_per_second: float, *, explicit: bool = False) -> RateLimitInfo:
-    """The shared budget: created at `writes_per_second` if missing; an existing one
-    keeps its rate unless this run was given one explicitly (then it is set for everyone)."""
+def _ensure_limits(client: object, name: str, writes_per_second: float, *, explicit: bool) -> RateLimitInfo:
+    """The budget and its writers' counter, made if missing; the budget's rate (see below)."""
     local = RateLimitInfo(name=None, writes_per_second=writes_per_second, batch=batch_for(writes_per_second))
+    _ensure_writers_limit(client, writers_limit_name(name))
     try:
-        with get_client(sync_client=True) as client:
-            _ensure_writers_limit(client, writers_limit_name(name))
-            try:
-                existing = client.read_global_concurrency_limit_by_name(name)
-            except ObjectNotFound:
-                try:
-                    client.create_global_concurrency_limit(
-                        GlobalConcurrencyLimitCreate(
-                            name=name, limit=local.batch, slot_decay_per_second=writes_per_second, active=True
-                        )
-                    )
-                except ObjectAlreadyExists:
-                    # Two first runs of a budget at once (a new cluster's first dispatch starts two):
-                    # the second uses the one the first created, never local pacing beside it.
-                    existing = client.read_global_concurrency_limit_by_name(name)
-                else:
-                    return local.model_copy(update={"name": name})
-            if explicit and existing.slot_decay_per_second != writes_per_second:
-                client.update_global_concurrency_limit(
-                    name,
-                    GlobalConcurrencyLimitUpdate(limit=local.batch, slot_decay_per_second=writes_per_second),
+        existing = client.read_global_concurrency_limit_by_name(name)  # type: ignore[attr-defined]
+    except ObjectNotFound:
+        try:
+            client.create_global_concurrency_limit(  # type: ignore[attr-defined]
+                GlobalConcurrencyLimitCreate(
+                    name=name, limit=local.batch, slot_decay_per_second=writes_per_second, active=True
                 )
-                return local.model_copy(update={"name": name})
-    except Exception as exc:  # noqa: BLE001 - no reachable Prefect API: pace locally
-        log.warning("write budget %s unavailable (%s: %s): pacing writes locally at %s/s", name, type(exc).__name__, exc,
-                    writes_per_second)  # fmt: skip
-        return local
+            )
+        except ObjectAlreadyExists:
+            # Two first runs of a budget at once (a new cluster's first dispatch starts two):
+            # the second uses the one the first created, never local pacing beside it.
+            existing = client.read_global_concurrency_limit_by_name(name)  # type: ignore[attr-defined]
+        else:
+            return local.model_copy(update={"name": name})
+    if explicit and existing.slot_decay_per_second != writes_per_second:
+        client.update_global_concurrency_limit(  # type: ignore[attr-defined]
+            name, GlobalConcurrencyLimitUpdate(limit=local.batch, slot_decay_per_second=writes_per_second)
+        )
+        return local.model_copy(update={"name": name})
     if not existing.active or not existing.slot_decay_per_second:
         log.warning("global concurrency limit %s is inactive or has no slot decay: pacing writes locally", name)
         return local
@@ -120,17 +136,49 @@ def ensure_write_rate_limit(name: str, writes_per_second: float, *, explicit: bo
     return RateLimitInfo(name=name, writes_per_second=rate, batch=batch_for(rate))
 
 
+@task(name="ensure-write-rate-limit", **PRIVATE)
+def ensure_write_rate_limit(name: str, writes_per_second: float, *, explicit: bool = False) -> RateLimitInfo:
+    """The shared budget: created at `writes_per_second` if missing; an existing one
+    keeps its rate unless this run was given one explicitly (then it is set for everyone).
+    A server that does not answer leaves it to the writer's lease (issue 31), never to local pacing."""
+    try:
+        with get_client(sync_client=True) as client:
+            return _ensure_limits(client, name, writes_per_second, explicit=explicit)
+    except Exception as exc:  # noqa: BLE001 - the lease makes them once the server answers
+        log.warning("write budget %s unavailable (%s: %s): no writes until the Prefect server answers", name,
+                    type(exc).__name__, exc)  # fmt: skip
+        return RateLimitInfo(name=name, writes_per_second=writes_per_second, batch=batch_for(writes_per_second),
+                             ensured=False)  # fmt: skip
+
+
+def _lease_gone(exc: BaseException) -> bool:
+    """A renewal the server refused because it does not know the lease: Prefect 3.9 answers
+    410 Gone (issue 31: after a restart, its leases kept in memory are gone), older ones 404."""
+    if isinstance(exc, ObjectNotFound):
+        return True
+    response = getattr(exc, "response", None)
+    return isinstance(exc, httpx.HTTPStatusError) and response is not None and response.status_code in (404, 410)
+
+
 class WriterLease:
-    """One migration's place among the writers: holds the lease, keeps the view fresh."""
+    """One migration's place among the writers: holds the lease, keeps the view fresh.
+
+    The lease is taken at `join` if the server answers, else by the background thread once it
+    does (issue 31); until then the limiter has no view and nothing is written."""
 
     def __init__(self, info: RateLimitInfo) -> None:
         if info.name is None:
             raise ValueError("a writer's lease needs the shared budget's name")
+        self.info = info
         self.name = info.name
         self.writers = writers_limit_name(info.name)
         self.limiter = WindowedLimiter(max_age=MAX_VIEW_AGE_SECONDS)
         self._lease: UUID | None = None
         self._renewed = 0.0
+        self._ensured = info.ensured
+        #: since when (monotonic) no read of the budget has answered; None: the last one did
+        self._failing_since: float | None = None
+        self._answers = threading.Event()  # set while reads of the budget answer
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -153,13 +201,29 @@ class WriterLease:
             raise RuntimeError(f"global concurrency limit {self.name} is inactive or has no slot decay")
         return ShareView(rate=rate, writers=max(1, int(writers.active_slots)), sent_at=sent)
 
-    def join(self) -> None:
-        with get_client(sync_client=True) as client:
-            self._acquire_lease(client)
-            view = self._read(client)
+    def _connect(self, client: object) -> ShareView:
+        """The limits made if the start could not, the lease taken, a first view."""
+        if not self._ensured:
+            _ensure_limits(client, self.name, self.info.writes_per_second, explicit=False)
+            self._ensured = True
+        self._acquire_lease(client)
+        view = self._read(client)
         if view.writers == 1:
             self.limiter.not_before = 0.0  # nobody else holds a lease: nobody else writes
-        self.limiter.set_view(view)
+        return view
+
+    def join(self) -> None:
+        try:
+            with get_client(sync_client=True) as client:
+                view = self._connect(client)
+        except Exception as exc:  # noqa: BLE001 - the thread takes the lease once the server answers
+            log.warning("write budget %s unavailable (%s: %s): no writes until the Prefect server answers", self.name,
+                        type(exc).__name__, exc)  # fmt: skip
+            self._lease = None
+            self._failing_since = time.monotonic()
+        else:
+            self.limiter.set_view(view)
+            self._answers.set()
         self._thread = threading.Thread(target=self._run, name=f"write-share-{self.name}", daemon=True)
         self._thread.start()
 
@@ -169,26 +233,57 @@ class WriterLease:
         try:
             client.renew_concurrency_lease(self._lease, lease_duration=LEASE_SECONDS)  # type: ignore[attr-defined]
             self._renewed = time.monotonic()
-        except ObjectNotFound:
-            log.warning("write budget %s: writer's lease expired; joining again", self.name)
+        except Exception as exc:
+            if not _lease_gone(exc):
+                raise
+            log.warning("write budget %s: the server no longer knows the writer's lease (it expired, or the server "
+                        "restarted); joining again", self.name)  # fmt: skip
             self._acquire_lease(client)
 
+    def _refresh(self, client: object) -> ShareView:
+        if self._lease is None:
+            return self._connect(client)
+        self._renew(client)
+        return self._read(client)
+
     def _run(self) -> None:
-        failing = False  # said once when reads start failing and once when they work again, not twice a second
+        failed_with: type[BaseException] | None = None
         with get_client(sync_client=True) as client:
             while not self._stop.wait(REFRESH_SECONDS):
                 try:
-                    self._renew(client)
-                    self.limiter.set_view(self._read(client))
+                    self.limiter.set_view(self._refresh(client))
                 except Exception as exc:  # noqa: BLE001 - a stale view pauses writes (write_share)
-                    if not failing:
-                        log.warning("write budget %s: reading the budget failed (%s); writes pause until it "
-                                    "answers", self.name, exc)  # fmt: skip
-                    failing = True
+                    # Said when reads start failing, or fail otherwise, not twice a second.
+                    if self._failing_since is None or type(exc) is not failed_with:
+                        log.warning("write budget %s: reading the budget failed (%s: %s); writes pause until it "
+                                    "answers", self.name, type(exc).__name__, exc)  # fmt: skip
+                        failed_with = type(exc)
+                    if self._failing_since is None:
+                        self._failing_since = time.monotonic()
+                        self._answers.clear()
                     continue
-                if failing:
-                    log.warning("write budget %s: the budget answers again; writes go on", self.name)
-                    failing = False
+                if self._failing_since is not None:
+                    log.warning("write budget %s: the budget answers again after %.0f s; writes go on", self.name,
+                                time.monotonic() - self._failing_since)  # fmt: skip
+                    self._failing_since = None
+                    self._answers.set()
+
+    def wait_answered(self, timeout: float) -> bool:
+        """Block until the budget answers (True) or `timeout` seconds pass."""
+        return self._answers.wait(timeout)
+
+    def silent_for(self) -> float:
+        """Seconds since the budget last answered (0: it answers)."""
+        since = self._failing_since
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
+    def unreachable(self) -> BudgetUnreachable | None:
+        """What a waiting write raises once the budget has been silent longer than the grace."""
+        silent = self.silent_for()
+        if silent < self.info.silence_grace_seconds:
+            return None
+        return BudgetUnreachable(f"the write budget {self.name} has not answered for {silent:.0f} s (the Prefect "
+                                 "server is unreachable): writes stop until it answers")  # fmt: skip
 
     def leave(self) -> None:
         self._stop.set()
@@ -204,18 +299,19 @@ class WriterLease:
 
 
 class LeasedPacer:
-    """`Pacer` over a writer's lease: no batches, each write waits for its share."""
+    """`Pacer` over a writer's lease: no batches, each write waits for its share, and stops
+    its chunk (`BudgetUnreachable`) once the budget has been silent past the grace."""
 
     batch = 1_000_000
 
-    def __init__(self, limiter: WindowedLimiter) -> None:
-        self._limiter = limiter
+    def __init__(self, lease: WriterLease) -> None:
+        self._lease = lease
 
     def admit(self, n: int) -> None:
         return None
 
     def before_write(self) -> None:
-        self._limiter.acquire()
+        self._lease.limiter.acquire(give_up=self._lease.unreachable)
 
 
 _HELD: dict[str, WriterLease] = {}
@@ -229,12 +325,7 @@ def writer_lease(info: RateLimitInfo) -> Iterator[RateLimitInfo]:
         yield info
         return
     lease = WriterLease(info)
-    try:
-        lease.join()
-    except Exception as exc:  # noqa: BLE001 - no writers limit reachable: local pacing only
-        log.warning("write budget %s unavailable (%s: %s): pacing writes locally", info.name, type(exc).__name__, exc)
-        yield info.model_copy(update={"name": None})
-        return
+    lease.join()
     with _HELD_LOCK:
         _HELD[info.holder] = lease
     try:
@@ -245,6 +336,16 @@ def writer_lease(info: RateLimitInfo) -> Iterator[RateLimitInfo]:
         if again is not None and again is not lease:
             again.leave()
         lease.leave()  # a second leave (after release_writer) does nothing
+
+
+def wait_for_budget(info: RateLimitInfo, timeout: float) -> float:
+    """Wait up to `timeout` seconds for the run's shared budget to answer; the seconds it has
+    been silent then (0: it answers, or the run holds no lease)."""
+    lease = _HELD.get(info.holder) if info.name and info.holder else None
+    if lease is None:
+        return 0.0
+    lease.wait_answered(timeout)
+    return lease.silent_for()
 
 
 def release_writer(info: RateLimitInfo) -> None:
@@ -267,12 +368,7 @@ def rejoin_writer(info: RateLimitInfo) -> None:
         if info.holder in _HELD:
             return
     lease = WriterLease(info)
-    try:
-        lease.join()
-    except Exception as exc:  # noqa: BLE001 - chunk_pacer falls back to a lease per chunk
-        log.warning("write budget %s unavailable (%s: %s): the pass joins chunk by chunk", info.name, type(exc).__name__,
-                    exc)  # fmt: skip
-        return
+    lease.join()
     with _HELD_LOCK:
         _HELD[info.holder] = lease
 
@@ -283,13 +379,13 @@ def chunk_pacer(info: RateLimitInfo, *, write_concurrency: int, chunk_limit: int
     or one held for this chunk alone); local pacing when there is no shared budget."""
     lease = _HELD.get(info.holder) if info.name and info.holder else None
     if lease is not None:
-        yield LeasedPacer(lease.limiter)
+        yield LeasedPacer(lease)
         return
     if info.name is not None:
-        with writer_lease(info.model_copy(update={"holder": f"chunk-{uuid4()}"})) as held:
-            if held.name is not None and held.holder in _HELD:
-                yield LeasedPacer(_HELD[held.holder].limiter)
-                return
+        holder = f"chunk-{uuid4()}"
+        with writer_lease(info.model_copy(update={"holder": holder})):
+            yield LeasedPacer(_HELD[holder])
+        return
     limiter = LocalRateLimiter(info.writes_per_second, burst=min(info.batch, write_concurrency))
     yield BatchedPacer(_NoSharedBudget(), limiter, batch=min(info.batch, chunk_limit))
 

@@ -154,6 +154,18 @@ class PrefectStack:
             time.sleep(0.5)
         wait_for_ui(self.ui_url, self.api_url, timeout=max(10.0, deadline - time.monotonic()))
 
+    def kill_server(self) -> None:
+        """SIGKILL the server and every process under it, as when its node dies (issue 31);
+        `start_server` starts it again on the same port and database."""
+        server = self._server
+        if server is None:
+            return
+        for pid in [server.pid, *descendants(server.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        server.wait()
+        self._server = None
+
     def deploy(self, prefect_file: Path | None = None) -> None:
         self.run("work-pool", "create", POOL, "--type", "process", "--overwrite")
         extra = ["--prefect-file", str(prefect_file)] if prefect_file else []

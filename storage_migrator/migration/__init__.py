@@ -16,4 +16,5 @@ write budget, and records failures by name, never by content.
     backoff.py      how long to wait before trying again
     pacing.py       the write budget, spent in batches
     write_share.py  a writer's share of the budget every worker shares
+    outage.py       a Prefect outage: wait with the lease, go on, or give up
 """

@@ -207,6 +207,20 @@ class MigrationRecord:
         extra = {"encryption_config_hash": config_hash} if config_hash else {}
         self._status_patch(conditions, progress=MigrationProgress(), failures=[], **extra)
 
+    def hold(self, *, now: datetime, reason: str, message: str) -> None:
+        """Still Running, the checkpoint kept: the lease refreshed while the run waits (issue 31:
+        for the Prefect server), so no dispatcher resumes the request beside it."""
+        conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
+                                   status="True", now=now, reason=reason, message=message)  # fmt: skip
+        self._status_patch(conditions)
+
+    def suspend(self, *, now: datetime, reason: str, message: str) -> None:
+        """No longer Running, not finished, the checkpoint kept: a run that gave up (issue 31);
+        the next dispatch resumes it at once (no lease to wait for)."""
+        conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
+                                   status="False", now=now, reason=reason, message=message)  # fmt: skip
+        self._status_patch(conditions)
+
     def finish(self, *, succeeded: bool, now: datetime, reason: str, message: str) -> None:
         conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
                                    status="False", now=now, reason=reason, message=message)  # fmt: skip

@@ -245,10 +245,15 @@ class WindowedLimiter:
         self._writes.append(now)
         return 0.0
 
-    def acquire(self) -> None:
+    def acquire(self, give_up: Callable[[], BaseException | None] | None = None) -> None:
+        """Block until a write may go out. `give_up` is asked before each wait: what it
+        returns is raised instead (issue 31: a budget that stopped answering ends the wait)."""
         while True:
             with self._lock:
                 wait = self.wait_time()
             if wait <= 0:
                 return
+            error = give_up() if give_up is not None else None
+            if error is not None:
+                raise error
             self._sleep(wait)

@@ -109,6 +109,17 @@ class MigrationSettings(BaseModel):
             "write_rate_per_second (the budget then holds per run only)."
         ),
     )
+    prefect_outage_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description=(
+            "How long a migration on the shared budget waits for an unreachable Prefect "
+            "server before it gives up, in seconds (issue 31). It writes nothing meanwhile "
+            "(the budget cannot be shared without the server) and keeps its request's lease; "
+            "when it gives up, its request is left Running=False, reason PrefectUnreachable, "
+            "with its checkpoint, and the next run-migrations resumes it at once. Default 1800."
+        ),
+    )
     rate_limit_name: str = Field(
         default="storage-migrator-writes",
         min_length=1,

@@ -143,3 +143,25 @@ def test_two_first_runs_of_a_budget_at_once_both_use_it(monkeypatch: pytest.Monk
     info = ensure_write_rate_limit.fn(name, 10.0)
     assert info.name == name, "the shared budget, not local pacing beside the run that created it"
     assert info.writes_per_second == 10.0
+
+
+def test_a_lease_the_server_no_longer_knows_is_taken_again(request: Any) -> None:
+    """Issue 31: after a restart a Prefect server (3.9, leases in memory) answers a renewal
+    with 410 Gone. The writer joins again, instead of failing every read from then on (its
+    writes paused for good)."""
+    from tasks.write_budget import _HELD, WriterLease
+
+    name = f"budget-gone-{int(time.time() * 1000)}"
+    info = budget(name, 10.0)
+    with writer_lease(info.model_copy(update={"holder": "g"})):
+        lease: WriterLease = _HELD["g"]
+        lost = lease._lease
+        assert lost is not None
+        with get_client(sync_client=True) as client:
+            client.release_concurrency_slots_with_lease(lost)  # the server forgets it, as a restart does
+            assert writers(name) == 0
+            lease._renewed = 0.0  # a renewal is due
+            lease._renew(client)
+        assert lease._lease is not None and lease._lease != lost, "a new lease, not the lost one"
+        assert writers(name) == 1
+    assert writers(name) == 0

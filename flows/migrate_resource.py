@@ -92,6 +92,7 @@ from tasks.write_budget import (
     RateLimitInfo,
     batch_for,
     ensure_write_rate_limit,
+    heal_writers_count,
     rejoin_writer,
     release_writer,
     wait_for_budget,
@@ -276,6 +277,14 @@ def _migrate_passes(
             return
 
 
+def heal_budget(settings: Settings) -> None:
+    """Issue 31: the writers' slots a restarted Prefect server lost the leases of, released
+    before this run takes its share (and by each dispatcher): best effort."""
+    if settings.shared_write_budget:
+        with best_effort("the writers' count of the write budget"):
+            heal_writers_count(settings)
+
+
 def _wait_for_prefect(settings: Settings, handle: MigrationHandle, budget: RateLimitInfo,
                       cause: BudgetUnreachable) -> None:  # fmt: skip
     """Issue 31: the budget's server is down. Nothing is written; the request keeps its checkpoint
@@ -438,6 +447,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
         return Cancelled(message=str(exc))
     rec.started(resumed=start.token is not None)
     rec.progress = start.progress
+    heal_budget(settings)  # after start_migration: this run's own request counts as a possible writer
     _emit("started", handle, start.progress)
     logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip

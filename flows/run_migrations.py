@@ -53,7 +53,7 @@ from pydantic import BaseModel, Field
 
 from flows.cluster_scope import cluster_settings, entered_cluster, run_for_cluster
 from flows.events import delivered_events
-from flows.migrate_resource import migrate_resource
+from flows.migrate_resource import heal_budget, migrate_resource
 from flows.polling import poll
 from flows.run_logs import our_logs_in_the_run
 from storage_migrator.conditions import is_condition_true
@@ -234,6 +234,7 @@ def dispatch_requests(
     resumed: set[str] = set()
     running: dict[Future[str], _Child] = {}
     check_seconds = max(wait_seconds, settings.lease_seconds / 4)
+    heal_budget(settings)
     with ThreadPoolExecutor(max_workers=settings.max_parallel_migrations, thread_name_prefix="migration") as pool:
         while True:
             migrations = read_migrations(settings)

@@ -45,6 +45,7 @@ __all__ = [
     "is_finished",
     "migration_resource",
     "plan_dispatch",
+    "possible_writers",
     "presumed_dead",
     "queued_reason",
     "was_presumed_dead",
@@ -142,6 +143,23 @@ def _lease_is_live(migration: StorageVersionMigration, *, now: datetime, lease_s
     if condition is None or condition.status != "True" or condition.last_update_time is None:
         return False
     return (now - condition.last_update_time).total_seconds() <= lease_seconds
+
+
+def possible_writers(migrations: Sequence[StorageVersionMigration], *, now: datetime, lease_seconds: float) -> int:
+    """How many runs may hold a writer's slot of the budget now (issue 31): a run holds one only
+    while its request is Running (it joins after marking it, and leaves before its verdict), and
+    refreshes it within ``lease_seconds`` (longer than Prefect's 60 s slot lease). Requests that
+    finished within ``lease_seconds`` count too: their run may not have left yet when the slots
+    were read. More slots than this are ghosts: slots whose lease a restarted Prefect server lost."""
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    count = 0
+    for migration in migrations:
+        done = finished_at(migration)
+        recent = done is not None and (now - done).total_seconds() <= lease_seconds
+        if recent or _lease_is_live(migration, now=now, lease_seconds=lease_seconds):
+            count += 1
+    return count
 
 
 def presumed_dead(

@@ -165,3 +165,43 @@ def test_a_lease_the_server_no_longer_knows_is_taken_again(request: Any) -> None
         assert lease._lease is not None and lease._lease != lost, "a new lease, not the lost one"
         assert writers(name) == 1
     assert writers(name) == 0
+
+
+def test_slots_no_run_holds_are_released_and_the_live_ones_kept(kubesim: Any, clean_slate: Any, request: Any) -> None:
+    """Issue 31: "The writers' count must be right after any server restart. [...] the count
+    rebuilds itself from runs that are really alive." A restart of a Prefect server that keeps
+    its leases in memory leaves the slots they held counted, with no lease: made here as the
+    server makes them (`increment` without a lease). One run is alive: its request Running, its
+    writer's lease held. The healer releases the two ghosts and keeps its slot; a second
+    healer within HEALER_SECONDS does nothing (two would take the same ghosts away)."""
+    from datetime import UTC, datetime
+
+    from storage_migrator.migration.requests import MigrationRecord, create_migration
+    from storage_migrator.models import new_storage_version_migration
+    from storage_migrator.settings import Settings
+    from tasks.write_budget import heal_writers_count
+
+    name = f"budget-ghosts-{int(time.time() * 1000)}"
+    settings = Settings(kubeconfig=kubesim.kubeconfig, rate_limit_name=name)
+    info = budget(name, 10.0)
+    api = api_client_for(kubesim)
+    live = create_migration(api, new_storage_version_migration(group="", version="v1", resource="configmaps"))
+    MigrationRecord(api, live).start(now=datetime.now(UTC), target_hash=None, message="a live run")
+    with writer_lease(info.model_copy(update={"holder": "alive"})):
+        with get_client(sync_client=True) as client:
+            client.increment_concurrency_slots(names=[writers_limit_name(name)], slots=2, mode="concurrency")
+        assert writers(name) == 3
+        assert heal_writers_count.fn(settings) == 2
+        assert writers(name) == 1, "the live run's slot is kept"
+        with get_client(sync_client=True) as client:
+            client.increment_concurrency_slots(names=[writers_limit_name(name)], slots=1, mode="concurrency")
+        assert heal_writers_count.fn(settings) == 0, "a second healer at once takes nothing"
+        assert writers(name) == 2
+    assert writers(name) == 1  # the ghost made after the first healing, for the next one
+
+
+def api_client_for(kubesim: Any) -> Any:
+    from storage_migrator.kube.connection import api_client_from_settings
+    from storage_migrator.settings import Settings
+
+    return api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))

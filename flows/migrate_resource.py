@@ -459,7 +459,10 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
                  config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
     try:
         # One writer's lease for the whole run: its share of the budget (tasks/write_budget.py).
-        with writer_lease(budget.model_copy(update={"holder": handle.name})) as held:
+        with writer_lease(
+            budget.model_copy(update={"holder": handle.name}),
+            on_rejoin=lambda: heal_writers_count(settings) is not None,
+        ) as held:
             _migrate_passes(settings, handle, held, run, baseline, artifact, rec)
     except MigrationCancelled as exc:
         logger.warning("%s", exc)

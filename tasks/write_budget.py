@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from uuid import UUID, uuid4
@@ -62,6 +62,8 @@ MAX_VIEW_AGE_SECONDS = 2.5
 #: Prefect's shortest lease; renewed every LEASE_RENEW_SECONDS.
 LEASE_SECONDS = 60.0
 LEASE_RENEW_SECONDS = 15.0
+#: Seconds between tries to heal the writers' count after a rejoin (a restarted server may answer 503 at first).
+HEAL_RETRY_SECONDS = 5.0
 #: The writers limit is a counter, not a limit: never refuse a writer.
 WRITERS_LIMIT = 10_000
 #: How long a write waits on a budget that does not answer before its chunk stops (issue 31), as
@@ -170,10 +172,15 @@ class WriterLease:
     The lease is taken at `join` if the server answers, else by the background thread once it
     does (issue 31); until then the limiter has no view and nothing is written."""
 
-    def __init__(self, info: RateLimitInfo) -> None:
+    def __init__(self, info: RateLimitInfo, *, on_rejoin: Callable[[], bool] | None = None) -> None:
         if info.name is None:
             raise ValueError("a writer's lease needs the shared budget's name")
         self.info = info
+        #: called (in the lease's thread) after it joined again because the server forgot its
+        #: lease: the slot of the lost lease is still counted (issue 31; `heal_writers_count`).
+        #: Called again every HEAL_RETRY_SECONDS until it returns True (healed, or nothing to heal).
+        self._on_rejoin = on_rejoin
+        self._rejoined = False
         self.name = info.name
         self.writers = writers_limit_name(info.name)
         self.limiter = WindowedLimiter(max_age=MAX_VIEW_AGE_SECONDS)
@@ -243,6 +250,7 @@ class WriterLease:
             log.warning("write budget %s: the server no longer knows the writer's lease (it expired, or the server "
                         "restarted); joining again", self.name)  # fmt: skip
             self._acquire_lease(client)
+            self._rejoined = True
 
     def _refresh(self, client: object) -> ShareView:
         if self._lease is None:
@@ -252,6 +260,7 @@ class WriterLease:
 
     def _run(self) -> None:
         failed_with: type[BaseException] | None = None
+        heal_after = 0.0
         with get_client(sync_client=True) as client:
             while not self._stop.wait(REFRESH_SECONDS):
                 try:
@@ -271,6 +280,13 @@ class WriterLease:
                                 time.monotonic() - self._failing_since)  # fmt: skip
                     self._failing_since = None
                     self._answers.set()
+                if self._rejoined and self._on_rejoin is not None and time.monotonic() >= heal_after:
+                    try:
+                        self._rejoined = not self._on_rejoin()
+                    except Exception as exc:  # noqa: BLE001 - a server just restarted may answer 503: again soon
+                        log.warning("write budget %s: healing the writers' count failed (%s); trying again in %.0f s",
+                                    self.name, exc, HEAL_RETRY_SECONDS)  # fmt: skip
+                    heal_after = time.monotonic() + HEAL_RETRY_SECONDS
 
     def wait_answered(self, timeout: float) -> bool:
         """Block until the budget answers (True) or `timeout` seconds pass."""
@@ -323,12 +339,12 @@ _HELD_LOCK = threading.Lock()
 
 
 @contextmanager
-def writer_lease(info: RateLimitInfo) -> Iterator[RateLimitInfo]:
+def writer_lease(info: RateLimitInfo, *, on_rejoin: Callable[[], bool] | None = None) -> Iterator[RateLimitInfo]:
     """Hold a writer's lease while the body runs (the flow's passes); yields the info chunks get."""
     if info.name is None or info.holder is None:
         yield info
         return
-    lease = WriterLease(info)
+    lease = WriterLease(info, on_rejoin=on_rejoin)
     lease.join()
     with _HELD_LOCK:
         _HELD[info.holder] = lease
@@ -403,8 +419,8 @@ class _NoSharedBudget:
 
 #: One healer at a time per budget (two would each take the same ghosts away): a limit of one
 #: slot that decays in HEALER_SECONDS, so that a healer that died (or a server restart) never
-#: holds it for good, as a lease lost in a restart would.
-HEALER_SECONDS = 30.0
+#: holds it for good, as a lease lost in a restart would. A healing takes a few reads.
+HEALER_SECONDS = 10.0
 
 
 def healer_limit_name(name: str) -> str:
@@ -432,17 +448,18 @@ def _take_healer(client: object, name: str) -> bool:
 
 
 @task(name="heal-writers-count", **PRIVATE)
-def heal_writers_count(settings: Settings) -> int:
+def heal_writers_count(settings: Settings) -> int | None:
     """Issue 31: "The writers' count must be right after any server restart." A Prefect server
     keeping its leases in memory (3.9's default) forgets them when it restarts, and the slots
     they held stay counted: each later run would pace at a smaller share for good. The slots
     counted beyond the runs that may hold one (`possible_writers`, read from the cluster after
     the count) are released. It only ever releases slots no live run holds: a run that joins
-    meanwhile is counted as possible and not as a slot; one that leaves, as possible still."""
+    meanwhile is counted as possible and not as a slot; one that leaves, as possible still.
+    The slots released; None when another healer had the turn (nothing done here)."""
     name = budget_limit_name(settings.rate_limit_name, settings.cluster_config_block)
     with get_client(sync_client=True) as client:
         if not _take_healer(client, name):
-            return 0
+            return None
         try:
             slots = int(client.read_global_concurrency_limit_by_name(writers_limit_name(name)).active_slots)
         except ObjectNotFound:

@@ -154,6 +154,10 @@ class PrefectStack:
             time.sleep(0.5)
         wait_for_ui(self.ui_url, self.api_url, timeout=max(10.0, deadline - time.monotonic()))
 
+    @property
+    def server_running(self) -> bool:
+        return self._server is not None and self._server.poll() is None
+
     def kill_server(self) -> None:
         """SIGKILL the server and every process under it, as when its node dies (issue 31);
         `start_server` starts it again on the same port and database."""

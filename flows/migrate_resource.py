@@ -44,6 +44,7 @@ from pydantic import BaseModel, Field
 from flows.best_effort import best_effort
 from flows.cluster_scope import cluster_settings, entered_cluster
 from flows.events import delivered_events, emit_migration
+from flows.prefect_outage import heal_budget, wait_for_prefect
 from flows.run_logs import our_logs_in_the_run
 from flows.server_config_gate import GateOutcome, check_configs, wait_for_one_config
 from storage_migrator.agreement.storage_versions import (
@@ -56,15 +57,7 @@ from storage_migrator.fleet.names import budget_limit_name, cluster_name, scoped
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
 from storage_migrator.migration.chunk_terms import BudgetUnreachable, MigrationAborted, add_progress
 from storage_migrator.migration.dispatch import was_presumed_dead
-from storage_migrator.migration.outage import (
-    HOLD_SECONDS,
-    PREFECT_UNREACHABLE,
-    WAITING_FOR_PREFECT,
-    MigrationSuspended,
-    decide_outage,
-    gave_up_message,
-    waiting_message,
-)
+from storage_migrator.migration.outage import MigrationSuspended
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
 from storage_migrator.models import (
     CONDITION_SUCCEEDED,
@@ -79,7 +72,6 @@ from tasks.migrating import (
     check_agreement,
     checkpoint,
     finish_migration,
-    hold_migration,
     migrate_chunk_task,
     resolve_migration,
     restart_pass,
@@ -92,12 +84,11 @@ from tasks.write_budget import (
     RateLimitInfo,
     batch_for,
     ensure_write_rate_limit,
-    heal_writers_count,
     rejoin_writer,
     release_writer,
-    wait_for_budget,
     writer_lease,
 )
+from tasks.writers_count import heal_writers_count
 
 #: The progress artifact is updated at most this often (one API call; issue 13).
 ARTIFACT_SECONDS = 5.0
@@ -233,7 +224,7 @@ def _migrate_passes(
         try:
             chunk = migrate_chunk_task(settings, handle, run.token, budget)
         except BudgetUnreachable as exc:
-            _wait_for_prefect(settings, handle, budget, exc)
+            wait_for_prefect(settings, handle, budget, exc)
             continue  # the chunk again, from the stored checkpoint (at most one chunk re-done)
         if chunk.token_out is None:
             release_writer(budget)  # the last write is done: the others get its share now
@@ -275,32 +266,6 @@ def _migrate_passes(
             continue
         if run.token is None:
             return
-
-
-def heal_budget(settings: Settings) -> None:
-    """Issue 31: the writers' slots a restarted Prefect server lost the leases of, released
-    before this run takes its share (and by each dispatcher): best effort."""
-    if settings.shared_write_budget:
-        with best_effort("the writers' count of the write budget"):
-            heal_writers_count(settings)
-
-
-def _wait_for_prefect(settings: Settings, handle: MigrationHandle, budget: RateLimitInfo,
-                      cause: BudgetUnreachable) -> None:  # fmt: skip
-    """Issue 31: the budget's server is down. Nothing is written; the request keeps its checkpoint
-    and its lease (refreshed every HOLD_SECONDS) until the server answers, or the run gives up
-    (`MigrationSuspended`) after settings.prefect_outage_seconds."""
-    logger = get_run_logger()
-    logger.warning("%s: %s", handle.name, cause.message)
-    limit = settings.prefect_outage_seconds
-    silent = wait_for_budget(budget, 0)
-    while (action := decide_outage(silent, give_up_after=limit)) == "wait":
-        hold_migration(settings, handle, reason=WAITING_FOR_PREFECT, message=waiting_message(silent, limit))
-        hold = min(HOLD_SECONDS, settings.lease_seconds * SILENCE_SHARE_OF_LEASE)  # well inside the lease
-        silent = wait_for_budget(budget, min(hold, max(0.0, limit - silent)))
-    if action == "give_up":
-        raise MigrationSuspended(PREFECT_UNREACHABLE, gave_up_message(silent))
-    logger.warning("%s: the Prefect server answers again; the migration goes on from its checkpoint", handle.name)
 
 
 @flow(name="migrate-resource", flow_run_name=_run_name, persist_result=False, log_prints=False)

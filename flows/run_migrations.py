@@ -53,8 +53,9 @@ from pydantic import BaseModel, Field
 
 from flows.cluster_scope import cluster_settings, entered_cluster, run_for_cluster
 from flows.events import delivered_events
-from flows.migrate_resource import heal_budget, migrate_resource
+from flows.migrate_resource import migrate_resource
 from flows.polling import poll
+from flows.prefect_outage import heal_budget
 from flows.run_logs import our_logs_in_the_run
 from storage_migrator.conditions import is_condition_true
 from storage_migrator.fleet.names import cluster_tag, scoped_key

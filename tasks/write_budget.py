@@ -34,7 +34,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
 import httpx
@@ -44,14 +43,11 @@ from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalC
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import BaseModel, ConfigDict, Field
 
-from storage_migrator.fleet.names import budget_limit_name, writers_limit_name
+from storage_migrator.fleet.names import writers_limit_name
 from storage_migrator.migration.chunk_terms import BudgetUnreachable
-from storage_migrator.migration.dispatch import possible_writers
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
-from storage_migrator.migration.requests import list_migrations
 from storage_migrator.migration.write_share import ShareView, WindowedLimiter, join_wait
-from storage_migrator.settings import Settings
-from tasks.common import PRIVATE, connected
+from tasks.common import PRIVATE
 
 log = logging.getLogger(__name__)
 
@@ -415,63 +411,3 @@ class _NoSharedBudget:
 
     def take(self, n: int) -> None:
         return None
-
-
-#: One healer at a time per budget (two would each take the same ghosts away): a limit of one
-#: slot that decays in HEALER_SECONDS, so that a healer that died (or a server restart) never
-#: holds it for good, as a lease lost in a restart would. A healing takes a few reads.
-HEALER_SECONDS = 10.0
-
-
-def healer_limit_name(name: str) -> str:
-    return f"{writers_limit_name(name)}-healer"
-
-
-def _take_healer(client: object, name: str) -> bool:
-    healer = healer_limit_name(name)
-    try:
-        client.read_global_concurrency_limit_by_name(healer)  # type: ignore[attr-defined]
-    except ObjectNotFound:
-        with contextlib.suppress(ObjectAlreadyExists):
-            client.create_global_concurrency_limit(  # type: ignore[attr-defined]
-                GlobalConcurrencyLimitCreate(
-                    name=healer, limit=1, slot_decay_per_second=1 / HEALER_SECONDS, active=True
-                )
-            )
-    try:
-        client.increment_concurrency_slots(names=[healer], slots=1, mode="rate_limit")  # type: ignore[attr-defined]
-    except httpx.HTTPStatusError as exc:
-        if exc.response.status_code == 423:  # another healer within HEALER_SECONDS
-            return False
-        raise
-    return True
-
-
-@task(name="heal-writers-count", **PRIVATE)
-def heal_writers_count(settings: Settings) -> int | None:
-    """Issue 31: "The writers' count must be right after any server restart." A Prefect server
-    keeping its leases in memory (3.9's default) forgets them when it restarts, and the slots
-    they held stay counted: each later run would pace at a smaller share for good. The slots
-    counted beyond the runs that may hold one (`possible_writers`, read from the cluster after
-    the count) are released. It only ever releases slots no live run holds: a run that joins
-    meanwhile is counted as possible and not as a slot; one that leaves, as possible still.
-    The slots released; None when another healer had the turn (nothing done here)."""
-    name = budget_limit_name(settings.rate_limit_name, settings.cluster_config_block)
-    with get_client(sync_client=True) as client:
-        if not _take_healer(client, name):
-            return None
-        try:
-            slots = int(client.read_global_concurrency_limit_by_name(writers_limit_name(name)).active_slots)
-        except ObjectNotFound:
-            return 0
-        if slots == 0:
-            return 0
-        with connected(settings) as api:
-            requests = list_migrations(api)
-        ghosts = slots - possible_writers(requests, now=datetime.now(UTC), lease_seconds=settings.lease_seconds)
-        if ghosts <= 0:
-            return 0
-        client.release_concurrency_slots(names=[writers_limit_name(name)], slots=ghosts, occupancy_seconds=1.0)
-    log.warning("write budget %s: %d of its %d writers' slots had no run (their leases were lost, e.g. in a restart "
-                "of the Prefect server): released", name, ghosts, slots)  # fmt: skip
-    return ghosts

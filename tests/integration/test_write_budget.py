@@ -179,7 +179,7 @@ def test_slots_no_run_holds_are_released_and_the_live_ones_kept(kubesim: Any, cl
     from storage_migrator.migration.requests import MigrationRecord, create_migration
     from storage_migrator.models import new_storage_version_migration
     from storage_migrator.settings import Settings
-    from tasks.write_budget import heal_writers_count
+    from tasks.writers_count import heal_writers_count
 
     name = f"budget-ghosts-{int(time.time() * 1000)}"
     settings = Settings(kubeconfig=kubesim.kubeconfig, rate_limit_name=name)

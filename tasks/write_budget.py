@@ -226,7 +226,7 @@ class WriterLease:
         except Exception as exc:  # noqa: BLE001 - the thread takes the lease once the server answers
             log.warning("write budget %s unavailable (%s: %s): no writes until the Prefect server answers", self.name,
                         type(exc).__name__, exc)  # fmt: skip
-            self._lease = None
+            # A lease taken before a read failed is kept: the thread renews it instead of taking another.
             self._failing_since = time.monotonic()
         else:
             self.limiter.set_view(view)

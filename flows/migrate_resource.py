@@ -339,6 +339,8 @@ def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, ve
     """The request resolved (or created), the run labelled and recorded, then `_run`."""
     logger = get_run_logger()
     handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
+    if flow_run.id is not None:  # issue 31: the run claims the request at its start; its writes are fenced
+        handle = handle.model_copy(update={"owner": str(flow_run.id)})
     _label_run(handle, settings.cluster_config_block)
     if handle.finished:
         logger.info("%s/%s has already %s: nothing to do", MIGRATIONS_KIND_NAME, handle.name, handle.finished)
@@ -407,12 +409,12 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
                                 config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
     except MigrationCancelled as exc:
         rec.started(resumed=False)
-        rec.ended("cancelled", MigrationProgress(), reason="Deleted", message=str(exc))
+        rec.ended("cancelled", MigrationProgress(), reason=exc.reason, message=str(exc))
         _emit("cancelled", handle, MigrationProgress(), str(exc))
         return Cancelled(message=str(exc))
     rec.started(resumed=start.token is not None)
     rec.progress = start.progress
-    heal_budget(settings)  # after start_migration: this run's own request counts as a possible writer
+    heal_budget(settings, joining=handle.name)  # before this run takes its own writer's slot
     _emit("started", handle, start.progress)
     logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip
@@ -432,7 +434,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     except MigrationCancelled as exc:
         logger.warning("%s", exc)
         _emit("cancelled", handle, run.progress, str(exc))
-        rec.ended("cancelled", run.progress, reason="Deleted", message=str(exc), passes=run.passes)
+        rec.ended("cancelled", run.progress, reason=exc.reason, message=str(exc), passes=run.passes)
         return Cancelled(message=str(exc))
     except MigrationAborted as exc:
         logger.warning("%s: %s", handle.name, exc.message)

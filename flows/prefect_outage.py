@@ -23,12 +23,12 @@ from tasks.write_budget import SILENCE_SHARE_OF_LEASE, RateLimitInfo, wait_for_b
 from tasks.writers_count import heal_writers_count
 
 
-def heal_budget(settings: Settings) -> None:
+def heal_budget(settings: Settings, *, joining: str | None = None) -> None:
     """Issue 31: the writers' slots a restarted Prefect server lost the leases of, released
-    before this run takes its share (and by each dispatcher): best effort."""
+    before this run takes its share (`joining`: its request) and by each dispatcher: best effort."""
     if settings.shared_write_budget:
         with best_effort("the writers' count of the write budget"):
-            heal_writers_count(settings)
+            heal_writers_count(settings, joining=joining)
 
 
 def wait_for_prefect(settings: Settings, handle: MigrationHandle, budget: RateLimitInfo,

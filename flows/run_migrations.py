@@ -71,6 +71,7 @@ from storage_migrator.migration.dispatch import (
 from storage_migrator.models import CONDITION_RUNNING, MIGRATIONS_KIND_NAME, StorageVersionMigration
 from storage_migrator.settings import Settings
 from tasks.dispatching import read_migrations
+from tasks.run_owners import ended_owners
 
 
 class DispatchSummary(BaseModel):
@@ -197,19 +198,36 @@ def _refine(settings: Settings) -> list[str] | None:
     return polled.applied.done
 
 
+def _ended_owners(pending: list[StorageVersionMigration], lease_seconds: float) -> set[str]:
+    """Issue 31: the requests whose live lease a flow run holds that Prefect shows ended (Failed,
+    Crashed: it died with the Prefect server, or gave up): resumed now, not a lease later."""
+    try:
+        with get_client(sync_client=True) as client:
+            ended = ended_owners(client, pending, lease_seconds=lease_seconds)
+    except Exception as exc:  # noqa: BLE001 - none known dead: the leases hold
+        get_run_logger().warning("could not ask Prefect about the runs holding leases (%s: %s)",
+                                 type(exc).__name__, exc)  # fmt: skip
+        return set()
+    for name, state in ended.items():
+        get_run_logger().warning("%s is still Running, and the flow run that claimed it is %s: resumed now, "
+                                 "without waiting for its lease", name, state)  # fmt: skip
+    return set(ended)
+
+
 def _plan_round(
     settings: Settings, pending: list[StorageVersionMigration], *, active: set[str], only: Collection[str] | None
 ) -> DispatchPlan:
     """`plan_dispatch` over the requests not yet started by this run (`only`: of those named)."""
     now = datetime.now(UTC)
+    ended = _ended_owners(pending, settings.lease_seconds)
     if only is not None:
         # Others' live runs keep their resources busy; others' pending requests are not ours to run.
         live = {w.name for w in plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
-                                              lease_seconds=settings.lease_seconds).waiting
+                                              lease_seconds=settings.lease_seconds, ended=ended).waiting
                 if w.reason == RUNNING_ELSEWHERE}  # fmt: skip
         pending = [m for m in pending if m.metadata.name in only or m.metadata.name in live]
     return plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
-                         lease_seconds=settings.lease_seconds, active=active)  # fmt: skip
+                         lease_seconds=settings.lease_seconds, active=active, ended=ended)  # fmt: skip
 
 
 def dispatch_requests(

@@ -32,6 +32,7 @@ __all__ = [
     "GROUP",
     "MAX_RECORDED_FAILURES",
     "MIGRATIONS_KIND_NAME",
+    "OWNER_ANNOTATION",
     "STATES_KIND_NAME",
     "STORAGE_STATES",
     "STORAGE_VERSION_MIGRATIONS",
@@ -58,6 +59,7 @@ __all__ = [
     "format_time",
     "new_storage_state",
     "new_storage_version_migration",
+    "owner_of",
     "storage_state_name",
 ]
 
@@ -79,6 +81,9 @@ UNKNOWN: Final = "Unknown"
 CONDITION_RUNNING: Final = "Running"
 CONDITION_SUCCEEDED: Final = "Succeeded"
 CONDITION_FAILED: Final = "Failed"
+
+#: The flow run that claimed a migration last, the one that may write its checkpoint (issue 31).
+OWNER_ANNOTATION: Final = f"{GROUP}/flow-run"
 
 #: Failures kept in status.failures: enough to act on, small enough for etcd's 1.5 MB.
 MAX_RECORDED_FAILURES: Final = 20
@@ -407,3 +412,8 @@ def new_storage_version_migration(
             resource=GroupVersionResource(group=group, version=version, resource=resource)
         ),
     )
+
+
+def owner_of(migration: StorageVersionMigration) -> str | None:
+    """The flow run that claimed the request last (None: none recorded)."""
+    return (migration.metadata.annotations or {}).get(OWNER_ANNOTATION) or None

@@ -73,6 +73,9 @@ class MigrationHandle(BaseModel):
     skip_server_check: bool = Field(
         default=False, description="Issue 19: the request's override of the API servers' configuration check."
     )
+    owner: str | None = Field(
+        default=None, description="Issue 31: the flow run that claims the request (its writes are fenced)."
+    )
 
     @property
     def ref(self) -> ResourceRef:
@@ -95,8 +98,8 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def _record(api: Any, handle: MigrationHandle) -> MigrationRecord:
-    return MigrationRecord.open(api, name=handle.name, uid=handle.uid)
+def _record(api: Any, handle: MigrationHandle, *, claiming: bool = False) -> MigrationRecord:
+    return MigrationRecord.open(api, name=handle.name, uid=handle.uid, owner=handle.owner, claiming=claiming)
 
 
 @task(name="resolve-migration", **REQUEST_RETRIES, **PRIVATE)
@@ -169,7 +172,8 @@ def start_migration(
     checkpoint taken under another one (or under none recorded) is worth nothing as a proof: the
     pass starts again from the beginning."""
     with connected(settings) as api:
-        record = _record(api, handle)
+        record = _record(api, handle, claiming=True)
+        record.claim()  # issue 31: a run that still writes it (Prefect shows it ended) stops at its next write
         token, progress = record.load()
         stored = record.migration.status.encryption_config_hash
         if token and config_hash and stored != config_hash:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from datetime import UTC, datetime
+from typing import Any
 
 import httpx
 from prefect import task
@@ -24,6 +25,7 @@ from storage_migrator.migration.dispatch import possible_writers
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.settings import Settings
 from tasks.common import PRIVATE, connected
+from tasks.run_owners import ended_owners
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +59,30 @@ def _take_healer(client: object, name: str) -> bool:
     return True
 
 
-@task(name="heal-writers-count", **PRIVATE)
-def heal_writers_count(settings: Settings) -> int | None:
+def _transient(task: object, task_run: object, state: Any) -> bool:
+    """A 5xx (SQLite's "database is locked" answers 503) or no answer: tried again."""
+    try:
+        state.result()
+    except httpx.HTTPStatusError as exc:
+        return exc.response.status_code >= 500
+    except httpx.TransportError:
+        return True
+    except Exception:  # noqa: BLE001 - anything else is final
+        return False
+    return False
+
+
+@task(name="heal-writers-count", retries=2, retry_delay_seconds=2, retry_condition_fn=_transient, **PRIVATE)
+def heal_writers_count(settings: Settings, *, joining: str | None = None) -> int | None:
     """Issue 31: "The writers' count must be right after any server restart." A Prefect server
     keeping its leases in memory (3.9's default) forgets them when it restarts, and the slots
     they held stay counted: each later run would pace at a smaller share for good. The slots
     counted beyond the runs that may hold one (`possible_writers`, read from the cluster after
     the count) are released. It only ever releases slots no live run holds: a run that joins
     meanwhile is counted as possible and not as a slot; one that leaves, as possible still.
-    The slots released; None when another healer had the turn (nothing done here)."""
+    `joining`: the request of the run that heals before it takes its own slot (counted as
+    possible, it holds none yet). The slots released; None when another healer had the turn
+    (nothing done here)."""
     name = budget_limit_name(settings.rate_limit_name, settings.cluster_config_block)
     with get_client(sync_client=True) as client:
         if not _take_healer(client, name):
@@ -78,7 +95,13 @@ def heal_writers_count(settings: Settings) -> int | None:
             return 0
         with connected(settings) as api:
             requests = list_migrations(api)
-        ghosts = slots - possible_writers(requests, now=datetime.now(UTC), lease_seconds=settings.lease_seconds)
+        # A request whose claiming run Prefect shows ended has no writer (it is resumed at once).
+        no_slot = {
+            *ended_owners(client, requests, lease_seconds=settings.lease_seconds),
+            *([joining] if joining else []),
+        }
+        ghosts = slots - possible_writers(requests, now=datetime.now(UTC), lease_seconds=settings.lease_seconds,
+                                          ended=no_slot)  # fmt: skip
         if ghosts <= 0:
             return 0
         client.release_concurrency_slots(names=[writers_limit_name(name)], slots=ghosts, occupancy_seconds=1.0)

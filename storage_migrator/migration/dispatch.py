@@ -16,6 +16,13 @@ process died with its worker (Prefect marks nothing Crashed by itself then):
 `presumed_dead` says when the dispatcher may mark it Crashed and resume it;
 a run killed after its request's verdict (while wrapping up) is judged by the
 verdict's time instead, and only marked.
+
+Issue 31: a lease whose holder is known to have ended is void. The run that
+started a request last claims it (requests.OWNER_ANNOTATION); when Prefect shows
+that flow run in a final state (Failed, Crashed, Cancelled, Completed) while the
+request is still Running, nothing is writing for it, or what still is stops at its
+next write of the request (the claim is checked): the request is resumed at once
+(`ended`), not a whole lease later.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from storage_migrator.models import (
     CONDITION_RUNNING,
     CONDITION_SUCCEEDED,
     StorageVersionMigration,
+    owner_of,
     storage_state_name,
 )
 
@@ -43,6 +51,7 @@ __all__ = [
     "busy_reason",
     "finished_at",
     "is_finished",
+    "lease_owners",
     "migration_resource",
     "plan_dispatch",
     "possible_writers",
@@ -145,21 +154,44 @@ def _lease_is_live(migration: StorageVersionMigration, *, now: datetime, lease_s
     return (now - condition.last_update_time).total_seconds() <= lease_seconds
 
 
-def possible_writers(migrations: Sequence[StorageVersionMigration], *, now: datetime, lease_seconds: float) -> int:
+def possible_writers(
+    migrations: Sequence[StorageVersionMigration], *, now: datetime, lease_seconds: float, ended: Collection[str] = ()
+) -> int:
     """How many runs may hold a writer's slot of the budget now (issue 31): a run holds one only
     while its request is Running (it joins after marking it, and leaves before its verdict), and
     refreshes it within ``lease_seconds`` (longer than Prefect's 60 s slot lease). Requests that
     finished within ``lease_seconds`` count too: their run may not have left yet when the slots
-    were read. More slots than this are ghosts: slots whose lease a restarted Prefect server lost."""
+    were read. More slots than this are ghosts: slots whose lease a restarted Prefect server lost.
+    A request in ``ended`` (its claiming run ended in Prefect) has no writer."""
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
     count = 0
     for migration in migrations:
+        if migration.metadata.name in ended:
+            continue
         done = finished_at(migration)
         recent = done is not None and (now - done).total_seconds() <= lease_seconds
         if recent or _lease_is_live(migration, now=now, lease_seconds=lease_seconds):
             count += 1
     return count
+
+
+def lease_owners(
+    migrations: Sequence[StorageVersionMigration], *, now: datetime, lease_seconds: float
+) -> dict[str, str]:
+    """The requests whose live lease a recorded flow run holds, and that run's id (issue 31): the
+    runs a dispatcher asks Prefect about. A request with no owner recorded (claimed by a run of
+    an earlier version) keeps its lease as before."""
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    owners: dict[str, str] = {}
+    for migration in migrations:
+        owner = owner_of(migration)
+        name = migration.metadata.name
+        if name and owner and not is_finished(migration) and _lease_is_live(migration, now=now,
+                                                                              lease_seconds=lease_seconds):  # fmt: skip
+            owners[name] = owner
+    return owners
 
 
 def presumed_dead(
@@ -224,12 +256,14 @@ def plan_dispatch(
     max_parallel: int,
     lease_seconds: float,
     active: Collection[str] = (),
+    ended: Collection[str] = (),
 ) -> DispatchPlan:
     """Pick the migrations to start now: at most one per resource, at most ``max_parallel`` busy.
 
     ``active`` names group-resources (``secrets``, ``deployments.apps``) that are
     busy for reasons the objects do not show, e.g. flow runs in progress that
-    have not yet set their Running condition.
+    have not yet set their Running condition. ``ended`` names migrations whose
+    owner's flow run Prefect shows ended (issue 31): their lease holds nothing.
     """
     if max_parallel < 0:
         raise ValueError(f"max_parallel must be >= 0, got {max_parallel}")
@@ -255,8 +289,8 @@ def plan_dispatch(
     holders: dict[str, str] = {}
     live: set[str] = set()
     for migration in pending:
-        if _lease_is_live(migration, now=now, lease_seconds=lease_seconds):
-            name = migration.metadata.name or ""
+        name = migration.metadata.name or ""
+        if name not in ended and _lease_is_live(migration, now=now, lease_seconds=lease_seconds):
             live.add(name)
             holders.setdefault(migration_resource(migration), name)
     busy = set(holders) | set(active)

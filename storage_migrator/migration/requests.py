@@ -8,6 +8,14 @@ protocol (STYLE 6); `MigrationRecord` is the implementation over the API. Every
 write names the object's `uid`, so a request deleted (cancelled) and re-created
 under the same name is never written by the old run: the write answers 404 or
 409 and the run stops (`MigrationCancelled`).
+
+Issue 31: a run that starts claims the request (`OWNER_ANNOTATION`, its flow run id), and
+every later write of the run is a compare-and-swap on the object's resourceVersion that
+first checks the claim is still its own. A dispatcher resumes a request at once when its
+owner's flow run has ended in Prefect (dispatch.plan_dispatch's `ended`), even if that
+run's process is still alive (Prefect marked it Crashed while it waited out an outage):
+the new run claims it, and the old one stops at its next write of the request, before
+overwriting the new run's checkpoint (`MigrationCancelled`, reason TakenOver).
 """
 
 from __future__ import annotations
@@ -30,16 +38,19 @@ from storage_migrator.models import (
     CONDITION_SUCCEEDED,
     GROUP,
     MIGRATIONS_KIND_NAME,
+    OWNER_ANNOTATION,
     STORAGE_VERSION_MIGRATIONS,
     VERSION,
     MigrationCondition,
     MigrationProgress,
     ObjectFailure,
     StorageVersionMigration,
+    owner_of,
 )
 
 __all__ = [
     "MIGRATIONS",
+    "TAKEN_OVER",
     "Checkpoint",
     "MigrationCancelled",
     "MigrationRecord",
@@ -51,12 +62,28 @@ __all__ = [
 
 MIGRATIONS = ResourceRef(group=GROUP, version=VERSION, resource=STORAGE_VERSION_MIGRATIONS)
 
+#: Why a run stopped: another flow run claimed its request.
+TAKEN_OVER = "TakenOver"
+#: Writes of a run retried after a conflict with someone else's write (a label, an annotation).
+_CONFLICT_RETRIES = 5
+
 #: Failed objects named in a Failed condition's message.
 NAMED_FAILURES = 5
 
 
 class MigrationCancelled(Exception):
-    """The request was deleted (or replaced) while its run was going on."""
+    """The request was deleted (or replaced, or taken over by another run) while its run was going on."""
+
+    def __init__(self, message: str, *, reason: str = "Deleted") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[object, ...]:  # the reason survives a copy or a pickle
+        return (_cancelled, (str(self), self.reason))
+
+
+def _cancelled(message: str, reason: str) -> MigrationCancelled:
+    return MigrationCancelled(message, reason=reason)
 
 
 class Checkpoint(Protocol):
@@ -113,7 +140,7 @@ def _answer(failure: ObjectFailure) -> str:
 class MigrationRecord:
     """One StorageVersionMigration as a run sees it; every write is uid-guarded."""
 
-    def __init__(self, api: ApiClient, migration: StorageVersionMigration) -> None:
+    def __init__(self, api: ApiClient, migration: StorageVersionMigration, *, owner: str | None = None) -> None:
         name, uid = migration.metadata.name, migration.metadata.uid
         if not name or not uid:
             raise ValueError("a MigrationRecord needs a migration read from the API (name and uid)")
@@ -121,22 +148,54 @@ class MigrationRecord:
         self.name = name
         self.uid = uid
         self.migration = migration
+        #: The flow run writing through this record: its writes are fenced (None: not fenced).
+        self.owner = owner
 
     @property
     def ref(self) -> ResourceRef:
         r = self.migration.spec.resource
         return ResourceRef(group=r.group, version=r.version, resource=r.resource)
 
-    def _patch(self, patch: dict[str, object], *, status: bool) -> None:
-        body = {**patch, "metadata": {"uid": self.uid}}
-        try:
-            answer = patch_object(self.api, MIGRATIONS, name=self.name, patch=body,
-                                  subresource="status" if status else None)  # fmt: skip
-        except NotFound as exc:
-            raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{self.name} was deleted: run cancelled") from exc
-        except Conflict as exc:
-            raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{self.name} was replaced: run cancelled") from exc
-        self.migration = StorageVersionMigration.model_validate(answer)
+    def _patch(self, patch: dict[str, object], *, status: bool, claim: str | None = None) -> None:
+        """A uid-guarded merge patch; an owner's is also a compare-and-swap on the
+        resourceVersion, retried while the claim is still its own (issue 31), or `claim` it."""
+        for _ in range(_CONFLICT_RETRIES):
+            if claim is None:
+                self._check_claim()  # as last read: a record that saw its run taken over writes nothing more
+            metadata = {"annotations": {OWNER_ANNOTATION: claim}} if claim else {}
+            meta: dict[str, object] = {**metadata, "uid": self.uid}
+            if self.owner:
+                meta["resourceVersion"] = self.migration.metadata.resource_version
+            try:
+                body = {**patch, "metadata": meta}
+                answer = patch_object(self.api, MIGRATIONS, name=self.name, patch=body,
+                                      subresource="status" if status else None)  # fmt: skip
+            except NotFound as exc:
+                raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{self.name} was deleted: run cancelled") from exc
+            except Conflict as exc:
+                if not self.owner:
+                    raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{self.name} was replaced: run cancelled") from exc
+                self.migration = self._read_same(self.api, self.name, self.uid)
+                continue  # the claim is checked again; someone else's write (a label) is written over
+            self.migration = StorageVersionMigration.model_validate(answer)
+            return
+        raise MigrationCancelled(f"{MIGRATIONS_KIND_NAME}/{self.name} changed under each of "
+                                 f"{_CONFLICT_RETRIES} writes: run stopped, the request kept", reason="Conflicting")  # fmt: skip
+
+    def _check_claim(self) -> None:
+        """`MigrationCancelled` (TakenOver) when another flow run has claimed the request since."""
+        holder = owner_of(self.migration)
+        if self.owner and holder and holder != self.owner:
+            raise MigrationCancelled(
+                f"{MIGRATIONS_KIND_NAME}/{self.name} was taken over by flow run {holder}: this run ({self.owner}) "
+                "stops without writing it again (a dispatcher found it ended in Prefect, or its lease run out)",
+                reason=TAKEN_OVER,
+            )
+
+    def claim(self) -> None:
+        """This run owns the request from now on: the run it took over stops at its next write."""
+        if self.owner and owner_of(self.migration) != self.owner:
+            self._patch({}, status=False, claim=self.owner)
 
     def _status_patch(self, conditions: list[MigrationCondition], **fields: object) -> None:
         status = self.migration.status.model_copy(update={"conditions": conditions, **fields})
@@ -159,12 +218,18 @@ class MigrationRecord:
         return current
 
     @classmethod
-    def open(cls, api: ApiClient, *, name: str, uid: str) -> MigrationRecord:
-        """The record of a run that knows its request by name and uid (each task of a flow run)."""
-        return cls(api, cls._read_same(api, name, uid))
+    def open(cls, api: ApiClient, *, name: str, uid: str, owner: str | None = None,
+             claiming: bool = False) -> MigrationRecord:  # fmt: skip
+        """The record of a run that knows its request by name and uid (each task of a flow run);
+        `MigrationCancelled` if `owner` is no longer the request's (unless it is `claiming` it)."""
+        record = cls(api, cls._read_same(api, name, uid), owner=owner)
+        if not claiming:
+            record._check_claim()
+        return record
 
     def refresh(self) -> StorageVersionMigration:
         self.migration = self._read_same(self.api, self.name, self.uid)
+        self._check_claim()
         return self.migration
 
     def load(self) -> tuple[str | None, MigrationProgress]:

@@ -38,6 +38,7 @@ from kubernetes.client import ApiClient
 
 from kubesim import codec
 from kubesim.etcd import KV, prefix_end
+from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.errors import Conflict, KubeError, NotFound
 from storage_migrator.kube.listing import ListPage, list_page
@@ -50,13 +51,20 @@ from storage_migrator.migration.lookahead import PageAhead
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
 from storage_migrator.migration.requests import (
     MIGRATIONS,
+    TAKEN_OVER,
     MigrationCancelled,
     MigrationRecord,
     create_migration,
     failure_summary,
     read_migration,
 )
-from storage_migrator.models import MigrationProgress, ObjectFailure, new_storage_version_migration
+from storage_migrator.models import (
+    MIGRATIONS_KIND_NAME,
+    MigrationProgress,
+    ObjectFailure,
+    new_storage_version_migration,
+    owner_of,
+)
 from storage_migrator.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -919,6 +927,43 @@ def test_uid_guard_is_a_conflict_at_the_api(api: ApiClient, record: MigrationRec
         patch_object(api, MIGRATIONS, name=record.name, patch={"metadata": {"uid": str(uuid.uuid4())}})
     assert isinstance(caught.value, KubeError)
     assert "Precondition failed" in caught.value.message
+
+
+def test_a_run_taken_over_stops_before_it_writes_the_request_again(
+    api: ApiClient, kubesim: Any, tmp_path: Path, record: MigrationRecord
+) -> None:
+    """Issue 31: "A run whose process is alive but whose Prefect run is Failed or Crashed is
+    resumed by the next dispatch." The resumed run claims the request; the old one, still alive,
+    must not overwrite the new run's checkpoint (seed 003: one run at a time per resource)."""
+    old = MigrationRecord.open(api, name=record.name, uid=record.uid, owner="run-old", claiming=True)
+    old.claim()
+    old.start(now=datetime.now(UTC), target_hash=None, message="migrating")
+    old.save(token="old-1", progress=MigrationProgress(chunks=1), failures=[], now=datetime.now(UTC))
+    # Someone else's write in between (an operator's label) is not a takeover: written over.
+    assert kubectl(kubesim, tmp_path, "label", MIGRATIONS_KIND_NAME, record.name, "team=storage").returncode == 0
+    old.save(token="old-2", progress=MigrationProgress(chunks=2), failures=[], now=datetime.now(UTC))
+    assert read_migration(api, record.name).spec.continue_token == "old-2"
+
+    new = MigrationRecord.open(api, name=record.name, uid=record.uid, owner="run-new", claiming=True)
+    new.claim()
+    assert owner_of(read_migration(api, record.name)) == "run-new"
+    token, _ = new.load()
+    assert token == "old-2", "the new run resumes from the old one's checkpoint"
+    new.save(token="new-3", progress=MigrationProgress(chunks=3), failures=[], now=datetime.now(UTC))
+
+    for write in (
+        lambda: old.save(token="old-3", progress=MigrationProgress(chunks=3), failures=[], now=datetime.now(UTC)),
+        lambda: old.hold(now=datetime.now(UTC), reason="WaitingForPrefect", message="waiting"),
+        lambda: old.finish(succeeded=True, now=datetime.now(UTC), reason="Completed", message="done"),
+        lambda: MigrationRecord.open(api, name=record.name, uid=record.uid, owner="run-old"),
+    ):
+        with pytest.raises(MigrationCancelled, match="taken over by flow run run-new") as stopped:
+            write()
+        assert stopped.value.reason == TAKEN_OVER
+    request = read_migration(api, record.name)
+    assert request.spec.continue_token == "new-3", "the old run wrote over the new run's checkpoint"
+    assert not is_condition_true(request.status.conditions, "Succeeded")
+    assert (request.metadata.labels or {}).get("team") == "storage"
 
 
 # ----- the next page asked for ahead (issue 13) ------------------------------

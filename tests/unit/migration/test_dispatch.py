@@ -18,12 +18,16 @@ from storage_migrator.migration.dispatch import (
     DispatchPlan,
     Waiting,
     is_finished,
+    lease_owners,
     migration_resource,
     plan_dispatch,
+    possible_writers,
     presumed_dead,
+    queued_reason,
     was_presumed_dead,
 )
 from storage_migrator.models import (
+    OWNER_ANNOTATION,
     StorageVersionMigration,
     StorageVersionMigrationStatus,
     new_storage_version_migration,
@@ -408,3 +412,61 @@ def test_a_run_the_dispatcher_presumed_dead_must_not_start_after_all(
     """Seed 003: migrations of one resource run one at a time. A run marked dead and resumed
     elsewhere that starts late (Prefect lets Crashed move to Running) would be the second."""
     assert was_presumed_dead(history) is dead
+
+
+# Issue 31: "The dispatcher does not wait a lease for a run that is known dead. A run whose
+# process is alive but whose Prefect run is Failed or Crashed is resumed by the next dispatch."
+def owned(migration: StorageVersionMigration, owner: str) -> StorageVersionMigration:
+    migration.metadata.annotations = {**(migration.metadata.annotations or {}), OWNER_ANNOTATION: owner}
+    return migration
+
+
+def test_a_live_lease_whose_owner_ended_is_resumed_at_once() -> None:
+    held = owned(svm("held", "secrets", state="running", updated=FRESH), "run-1")
+    assert plan_dispatch([held], now=NOW, max_parallel=2, lease_seconds=LEASE).start == [], "the lease holds"
+    plan = plan_dispatch([held], now=NOW, max_parallel=2, lease_seconds=LEASE, ended={"held"})
+    assert plan.start == ["held"], plan
+    # Its resource is free for it, not for another request of the resource (seed 003: one at a time).
+    queued = svm("later", "secrets", age=-1)
+    plan = plan_dispatch([queued, held], now=NOW, max_parallel=2, lease_seconds=LEASE, ended={"held"})
+    assert plan.start == ["held"] and plan.waiting == [Waiting(name="later", reason=queued_reason("held"))], plan
+
+
+LEASE_OWNER_ROWS = [
+    ("a live lease with its owner recorded: asked about", owned(svm("a", "secrets", state="running", updated=FRESH), "r"),
+     {"a": "r"}),
+    ("a live lease claimed by a run of an earlier version (no owner): keeps its lease",
+     svm("a", "secrets", state="running", updated=FRESH), {}),
+    ("an expired lease: resumed anyway, nothing to ask", owned(svm("a", "secrets", state="running"), "r"), {}),
+    ("a finished request: never resumed", owned(svm("a", "secrets", state="succeeded", updated=FRESH), "r"), {}),
+    ("a request that gave up (Running False): resumed anyway", owned(svm("a", "secrets", state="stopped",
+                                                                          updated=FRESH), "r"), {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "migration", "owners"), LEASE_OWNER_ROWS, ids=[r[0] for r in LEASE_OWNER_ROWS])
+def test_lease_owners(rule: str, migration: StorageVersionMigration, owners: dict[str, str]) -> None:
+    assert lease_owners([migration], now=NOW, lease_seconds=LEASE) == owners, rule
+
+
+# Issue 31: "The writers' count must be right after any server restart": slots counted beyond
+# the runs that may hold one are ghosts. A run holds one only while its request is Running.
+WRITER_ROWS = [
+    ("a live lease: its run may hold a slot", [svm("a", "secrets", state="running", updated=FRESH)], (), 1),
+    ("an expired lease: its run died", [svm("a", "secrets", state="running")], (), 0),
+    ("finished within the lease: its run may not have left yet", [svm("a", "secrets", state="succeeded",
+                                                                       updated=FRESH)], (), 1),
+    ("finished a lease ago", [svm("a", "secrets", state="failed")], (), 0),
+    ("never started", [svm("a", "secrets")], (), 0),
+    ("a live lease whose claiming run ended in Prefect: no writer", [svm("a", "secrets", state="running",
+                                                                          updated=FRESH)], ("a",), 0),
+    ("two live leases, one claimed by an ended run", [svm("a", "secrets", state="running", updated=FRESH),
+                                                      svm("b", "configmaps", state="running", updated=FRESH)],
+     ("b",), 1),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "migrations", "ended", "count"), WRITER_ROWS, ids=[r[0] for r in WRITER_ROWS])
+def test_possible_writers(rule: str, migrations: list[StorageVersionMigration], ended: tuple[str, ...],
+                          count: int) -> None:  # fmt: skip
+    assert possible_writers(migrations, now=NOW, lease_seconds=LEASE, ended=ended) == count, rule

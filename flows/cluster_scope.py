@@ -1,7 +1,9 @@
 """Which cluster a flow run is for, said once at its start (issue 20).
 
-Every flow takes `cluster`, the name of a KubernetesClusterConfig block (left
-out: the environment's cluster, `default`). `entered_cluster` is the first thing
+Every flow takes `cluster`, a cluster's name (left out: the environment's
+cluster, `default`): in push mode the name of its KubernetesClusterConfig block;
+in pull mode (issue 30) the cluster a worker of its own serves, with its own
+credentials (STORAGE_MIGRATOR_CLUSTER). `entered_cluster` is the first thing
 each run does: it checks the cluster is the one recorded under that name
 (before anything is written), tags the run `cluster:<name>`, and makes every
 event the run emits carry the cluster (flows/events.py). `run_for_cluster`
@@ -25,7 +27,7 @@ from prefect.exceptions import ObjectNotFound
 from prefect.runtime import flow_run
 
 from flows.events import CLUSTER
-from storage_migrator.fleet.identity import ClusterIdentity
+from storage_migrator.fleet.identity import ClusterIdentity, WrongCluster, judge_worker
 from storage_migrator.fleet.names import block_of, cluster_name, cluster_tag, deployment_name
 from storage_migrator.settings import Settings
 from tasks.cluster_identity import check_cluster_identity
@@ -34,21 +36,32 @@ __all__ = ["cluster_settings", "entered_cluster", "run_for_cluster"]
 
 
 def cluster_settings(cluster: str | None, **overrides: Any) -> Settings:
-    """The settings of a run for `cluster` (its block), with the flow's other overrides.
+    """The settings of a run for `cluster`, with the flow's other overrides.
 
-    A named cluster's block is its credentials, whatever the worker's environment says: one
-    worker serves the fleet, its own STORAGE_MIGRATOR_KUBECONFIG (or pod) being its default cluster."""
-    block = block_of(cluster)
-    if block is None:
-        return Settings.with_overrides(**overrides)
+    Pull mode (issue 30): a worker whose environment names its own cluster
+    (STORAGE_MIGRATOR_CLUSTER) runs with its own credentials, for that cluster only: a run
+    for another fails here, before anything is read or written (`WrongCluster`, naming
+    both). Push mode: a named cluster's block is its credentials, whatever the worker's
+    environment says (its own STORAGE_MIGRATOR_KUBECONFIG, or pod, being its default cluster)."""
+    base = Settings.with_overrides(**overrides)
+    wanted = block_of(cluster)
     given = [k for k in ("kubeconfig", "context") if overrides.get(k) is not None]
+    if base.cluster is not None:
+        problem = judge_worker(cluster_name(wanted), worker=base.cluster)
+        if problem is not None:
+            raise WrongCluster(problem)
+        if given:
+            raise ValueError(f"this worker reaches cluster {base.cluster!r} with its own credentials (pull mode): "
+                             f"leave out {' and '.join(given)}")  # fmt: skip
+        return base
+    if wanted is None:
+        return base
     if given:
-        raise ValueError(f"cluster {block!r} names its credentials (its KubernetesClusterConfig block): leave out "
+        raise ValueError(f"cluster {wanted!r} names its credentials (its KubernetesClusterConfig block): leave out "
                          f"{' and '.join(given)}, or leave out cluster")  # fmt: skip
     # Validated without the block (the environment's credentials may be set), then the block replaces them.
-    return Settings.with_overrides(**overrides).model_copy(
-        update={"cluster_config_block": block, "kubeconfig": None, "in_cluster": None, "context": None}
-    )
+    return base.model_copy(update={"cluster_config_block": wanted, "cluster": wanted, "kubeconfig": None,
+                                   "in_cluster": None, "context": None})  # fmt: skip
 
 
 def _tag_run(tag: str) -> None:
@@ -68,7 +81,7 @@ def _tag_run(tag: str) -> None:
 def entered_cluster(settings: Settings) -> Iterator[ClusterIdentity | None]:
     """Around a flow's body: the cluster checked (IdentityChanged fails the run here, before any
     write), the run tagged, and the run's events labelled with the cluster."""
-    name = cluster_name(settings.cluster_config_block)
+    name = cluster_name(settings.cluster)
     token = CLUSTER.set(name)
     try:
         identity = check_cluster_identity(settings)

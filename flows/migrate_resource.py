@@ -154,7 +154,7 @@ def _outcome_table(settings: Settings, handle: MigrationHandle, progress: Migrat
     with best_effort("the outcome table artifact"):
         create_table_artifact(
             table=[{"outcome": k, "objects": v} for k, v in counts.items()],
-            key=_artifact_key(f"{handle.name}-outcome", settings.cluster_config_block),
+            key=_artifact_key(f"{handle.name}-outcome", settings.cluster),
             description=f"{handle.ref}: {phase}",
         )
 
@@ -341,7 +341,7 @@ def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, ve
     handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
     if flow_run.id is not None:  # issue 31: the run claims the request at its start; its writes are fenced
         handle = handle.model_copy(update={"owner": str(flow_run.id)})
-    _label_run(handle, settings.cluster_config_block)
+    _label_run(handle, settings.cluster)
     if handle.finished:
         logger.info("%s/%s has already %s: nothing to do", MIGRATIONS_KIND_NAME, handle.name, handle.finished)
         return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=handle.finished,
@@ -352,7 +352,7 @@ def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, ve
         resource=handle.group_resource, version=handle.version, target_hash=handle.target_hash,
         encryption_key=handle.encryption_key, requested_by=handle.requested_by,
         flow_run_id=str(flow_run.id) if flow_run.id else None,
-        cluster=cluster_name(settings.cluster_config_block),
+        cluster=cluster_name(settings.cluster),
     )  # fmt: skip
     try:
         return _run(settings, handle, rec, explicit_rate=explicit_rate)
@@ -384,7 +384,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     if settings.shared_write_budget:
         # Issue 20: one budget per cluster (the environment's keeps its name): clusters never share one.
         budget = ensure_write_rate_limit(
-            budget_limit_name(settings.rate_limit_name, settings.cluster_config_block),
+            budget_limit_name(settings.rate_limit_name, settings.cluster),
             settings.write_rate_per_second,
             explicit=explicit_rate,
         )
@@ -420,7 +420,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip
     artifact: UUID | None = None
     with best_effort("the progress artifact"):
-        artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name, settings.cluster_config_block),
+        artifact = cast(UUID, create_progress_artifact(progress=_percent(start.progress), key=_artifact_key(handle.name, settings.cluster),
                                                        description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token,
                  config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip

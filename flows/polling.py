@@ -92,7 +92,7 @@ def carry_out(
     # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
     writer_from_settings(settings).submit(PollRecord(
         started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,
-        cluster=cluster_name(settings.cluster_config_block),
+        cluster=cluster_name(settings.cluster),
         resources_seen=len(tracked(seen, settings)), changes=len(applied.done) - applied.heartbeats,
         requests_made=len(applied.created_migrations),
         errors=len(applied.errors), flow_run_id=str(flow_run.id) if flow_run.id else None,
@@ -102,7 +102,7 @@ def carry_out(
     if rows:
         create_table_artifact(
             table=rows,
-            key=scoped_key("detect-storage-changes", settings.cluster_config_block),
+            key=scoped_key("detect-storage-changes", settings.cluster),
             description="What this poll changed",
         )
     deleted = {a.name for a in plan.of_kind(DeleteMigration)}

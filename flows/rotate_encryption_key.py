@@ -225,7 +225,7 @@ def _rotate(settings: Settings, overrides: dict[str, Any], *, key: str, resource
         for s in steps
     ]  # fmt: skip
     verdict = rotation_verdict(results, key=key, servers=servers)
-    create_table_artifact(table=_table(results), key=scoped_key(f"rotate-encryption-key-{key}", settings.cluster_config_block),
+    create_table_artifact(table=_table(results), key=scoped_key(f"rotate-encryption-key-{key}", settings.cluster),
                           description=verdict.message)  # fmt: skip
     if not verdict.completed:
         logger.error("%s", verdict.message)

@@ -144,7 +144,7 @@ def _operator_phase(settings: Settings, record: RunbookRecord, *, pause_timeout:
     phase = record.phase
     if record.baseline is None:  # when the phase begins; a resumed run keeps it
         record.baseline = observe_configs(settings).common_hash
-        _save(record, settings.cluster_config_block)
+        _save(record, settings.cluster)
     not_yet = ""
     while True:
         form = PhaseDone.with_initial_data(description=instructions(phase, record, not_yet=not_yet))
@@ -196,7 +196,7 @@ def _run_phases(
                 return failed
             record.reached[phase] = observe_configs(settings).common_hash or ""
         record.phase, record.baseline = next_phase(phase), None
-        _save(record, settings.cluster_config_block)
+        _save(record, settings.cluster)
         logger.info("phase %s done; next: %s", phase, record.phase)
     return None
 
@@ -228,7 +228,7 @@ def key_rotation_runbook(
     settings = cluster_settings(cluster, kubeconfig=kubeconfig, context=context,
                                 server_config_timeout_seconds=server_config_timeout)  # fmt: skip
     with entered_cluster(settings):  # issue 20: the cluster is the one its name recorded
-        busy = _claim(key, settings.cluster_config_block)
+        busy = _claim(key, settings.cluster)
         if busy is not None:
             return Failed(message=busy)
         try:
@@ -239,7 +239,7 @@ def key_rotation_runbook(
                                             "kubeconfig": kubeconfig, "context": context, "cluster": cluster,
                                             "server_config_timeout": server_config_timeout})  # fmt: skip
         finally:
-            _release(settings.cluster_config_block)
+            _release(settings.cluster)
         if failed is not None:
             return failed
         message = (f"key rotation {old_key} -> {key} done: every object of {', '.join(record.resources)} is stored "

@@ -271,10 +271,10 @@ def dispatch_requests(
                 attempted.add(name)
                 child = _Child(name=name, resource=migration_resource(by_name[name]))
                 if deployed and name not in resumed:
-                    _crash_orphans(by_name[name], settings.lease_seconds, settings.cluster_config_block)
+                    _crash_orphans(by_name[name], settings.lease_seconds, settings.cluster)
                 logger.info("starting %s (%s)", name, child.resource)
                 ctx = contextvars.copy_context()  # keeps the subflow under this flow run
-                future = pool.submit(ctx.run, _run_one, child, overrides, settings.cluster_config_block, deployed,
+                future = pool.submit(ctx.run, _run_one, child, overrides, settings.cluster, deployed,
                                      wait_seconds)  # fmt: skip
                 running[future] = child
             summary.waiting = {w.name: w.reason for w in plan.waiting}

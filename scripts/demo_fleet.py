@@ -1,8 +1,11 @@
 """The demo's fleet part (`--clusters 2`, issue 20): a second cluster on the same Prefect server.
 
-8. cluster-b, a second kubesim over its own etcd, named by a KubernetesClusterConfig
-   block; `storage-migrator fleet add cluster-b` gives it its own deployments (its
-   detection schedule, its dispatcher); its first polls migrate it;
+8. cluster-b, a second kubesim over its own etcd, in pull mode (issue 30):
+   `storage-migrator fleet add cluster-b --pool storage-migrator-cluster-b` gives it its
+   own deployments (its detection schedule, its dispatcher) on a pool of its own, served by
+   a worker of its own that alone holds its kubeconfig (as its in-cluster worker would hold
+   its ServiceAccount): the Prefect server holds no credential of it; its first polls
+   migrate it;
 9. a fleet key rotation: key3 made the write key on both clusters, then one
    `rotate-encryption-key` run for `default` and `cluster-b`, a verdict per cluster;
 10. what etcd holds on each, and `storage-migrator status|history --all-clusters`.
@@ -25,6 +28,7 @@ from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.settings import Settings
 
 NAME = "cluster-b"
+POOL = f"storage-migrator-{NAME}"
 
 
 def storage_migrator(stack: PrefectStack, kubeconfig: Path, *args: str) -> str:
@@ -33,14 +37,6 @@ def storage_migrator(stack: PrefectStack, kubeconfig: Path, *args: str) -> str:
     done = subprocess.run([sys.executable, "-m", "storage_migrator.cli", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     return done.stdout + done.stderr
-
-
-def save_block(stack: PrefectStack, kubeconfig: Path) -> None:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-    from prefect_kubernetes.credentials import KubernetesClusterConfig
-
-    with temporary_settings({PREFECT_API_URL: stack.api_url}):
-        KubernetesClusterConfig.from_file(kubeconfig).save(NAME, overwrite=True)
 
 
 def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_admin: Admin, first_etcd: EtcdStore,
@@ -52,10 +48,12 @@ def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_ad
         admin, etcd = Admin(cluster.server.url), cluster.etcd()
         api = api_client_from_settings(Settings(kubeconfig=kubeconfig))
         try:
-            print(f"\n8. A second cluster, {NAME}: kubesim on {cluster.server.url}, named by a block of that name")
+            print(f"\n8. A second cluster, {NAME}: kubesim on {cluster.server.url}, in pull mode: a worker of its own "
+                  f"on pool {POOL}, which alone holds its kubeconfig")  # fmt: skip
             seed(api, objects)
-            save_block(stack, Path(kubeconfig))
-            print(storage_migrator(stack, workdir / "kubeconfig", "fleet", "add", NAME))
+            print(storage_migrator(stack, workdir / "kubeconfig", "fleet", "add", NAME, "--pool", POOL))
+            stack.start_worker(f"worker-{NAME}", pool=POOL, env={"STORAGE_MIGRATOR_CLUSTER": NAME,
+                                                                 "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig)})  # fmt: skip
             started = time.monotonic()
             stack.run("deployment", "run", f"detect-storage-changes/{NAME}", "--watch")
             wait_for_migrations(api, timeout=900)
@@ -74,8 +72,10 @@ def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_ad
             for name, store in (("default", first_etcd), (NAME, etcd)):
                 secrets = report(f"   {name}:", store)["secrets"]
                 ok = ok and set(secrets) == {"encrypted with key3"}
-            print("\n   storage-migrator status --all-clusters")
-            print(storage_migrator(stack, workdir / "kubeconfig", "status", "--all-clusters"))
+            print(f"\n   storage-migrator status (the default cluster), and with {NAME}'s kubeconfig (pull mode: the "
+                  "server has no credential of it)")  # fmt: skip
+            print(storage_migrator(stack, workdir / "kubeconfig", "status"))
+            print(storage_migrator(stack, Path(kubeconfig), "status"))
             print("   storage-migrator history --all-clusters --limit 8")
             print(storage_migrator(stack, workdir / "kubeconfig", "history", "--all-clusters", "--limit", "8"))
             print(f"   Both clusters' Secrets are under key3 only: {'yes' if ok else 'NO'}. In the Prefect UI, "

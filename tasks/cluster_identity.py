@@ -34,7 +34,7 @@ def check_cluster_identity(settings: Settings) -> ClusterIdentity | None:
     The environment's cluster (no block named) is read and logged, never judged: each worker's
     kubeconfig or pod may be another cluster's, as before there were names (one Prefect server
     for several in-cluster installs); a role that cannot list namespaces only loses the log line."""
-    cluster = settings.cluster_config_block
+    cluster = settings.cluster
     try:
         with connected(settings) as api:
             observed = read_cluster_uid(api, timeout=settings.request_timeout_seconds)

@@ -133,7 +133,7 @@ def apply_plan(
             applied.done.append(done)
             logger.info("%s", done)
             if change is not None:
-                ledger.submit(change.model_copy(update={"cluster": cluster_name(settings.cluster_config_block)}))
+                ledger.submit(change.model_copy(update={"cluster": cluster_name(settings.cluster)}))
             elif isinstance(action, UpdateState):
                 applied.heartbeats += 1
     return applied

@@ -83,7 +83,7 @@ def heal_writers_count(settings: Settings, *, joining: str | None = None) -> int
     `joining`: the request of the run that heals before it takes its own slot (counted as
     possible, it holds none yet). The slots released; None when another healer had the turn
     (nothing done here)."""
-    name = budget_limit_name(settings.rate_limit_name, settings.cluster_config_block)
+    name = budget_limit_name(settings.rate_limit_name, settings.cluster)
     with get_client(sync_client=True) as client:
         if not _take_healer(client, name):
             return None

@@ -176,13 +176,20 @@ class PrefectStack:
         self.run("--no-prompt", "deploy", "--all", *extra)
 
     def start_worker(
-        self, name: str = "worker", *, limit: int = 8, queues: tuple[str, ...] = (), env: dict[str, str] | None = None
+        self,
+        name: str = "worker",
+        *,
+        limit: int = 8,
+        queues: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        pool: str = POOL,
     ) -> None:
-        """`prefect worker start --name NAME --limit LIMIT [--work-queue Q]...`; its log is `<home>/<name>.log`.
+        """`prefect worker start --pool POOL --name NAME --limit LIMIT [--work-queue Q]...`; its log is `<home>/<name>.log`.
 
         `limit` is how many flow runs it runs at once; a worker that is full
         leaves the pool's other runs to the other workers. `queues`: only these
-        of the pool's queues (none: every queue).
+        of the pool's queues (none: every queue). `pool`: the project's process pool, or
+        a cluster's own (pull mode, issue 30).
         """
         if name in self._workers:
             raise ValueError(f"a worker named {name!r} is already running")
@@ -191,7 +198,7 @@ class PrefectStack:
         # `command`): the worker runs in this interpreter's environment, as `uv run prefect worker` does.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self._workers[name] = subprocess.Popen(
-            [*_prefect(), "worker", "start", "--pool", POOL, "--name", name, "--limit", str(limit),
+            [*_prefect(), "worker", "start", "--pool", pool, "--name", name, "--limit", str(limit),
              *(arg for queue in queues for arg in ("--work-queue", queue))],
             # Poll for new runs every 2 s instead of 10: runs start sooner on a laptop.
             cwd=REPO, env={**self.env, "PATH": path, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env,

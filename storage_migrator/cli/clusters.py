@@ -93,8 +93,9 @@ def block_client(name: str, settings: Settings) -> ApiClient:
     except ValueError as exc:  # Prefect: "Unable to find block document named ..."
         raise ConnectionConfigError(
             f"cluster {name!r}: no KubernetesClusterConfig block named {name!r} in this Prefect workspace "
-            f"(PREFECT_API_URL): create it with KubernetesClusterConfig.from_file(PATH).save({name!r}), "
-            "or name another cluster"
+            f"(PREFECT_API_URL). In pull mode there is none, by design (the server holds no credential of "
+            f"the cluster): read it with its own kubeconfig (--kubeconfig PATH, without --cluster). In push "
+            f"mode, create it with KubernetesClusterConfig.from_file(PATH).save({name!r})"
         ) from exc
     except Exception as exc:  # the Prefect API itself: unreachable, refused
         raise ConnectionConfigError(f"cluster {name!r}: its KubernetesClusterConfig block could not be read from "

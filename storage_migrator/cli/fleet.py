@@ -1,6 +1,8 @@
 """``storage-migrator fleet add|list|remove NAME``: a cluster's deployments on the shared Prefect server (issue 20).
 
-Issue 20 item 3: "Adding a cluster means one block plus one command." The
+Issue 20 item 3: "Adding a cluster means one block plus one command"; issue 30: in pull
+mode (the default when there is no block) no block at all, the copies on a pool of the
+cluster's own that only its worker serves. The
 templates are the project's deployments (`prefect deploy --all`: `flow/flow`);
 ``fleet add`` copies each to `flow/NAME` (storage_migrator/fleet/deployments.py
 says what a copy is) through the Prefect client, whose upsert makes it safe to
@@ -23,8 +25,10 @@ from storage_migrator.fleet.deployments import (
     DeploymentSpec,
     ScheduleSpec,
     cluster_of,
+    default_pool,
     for_cluster,
     keeping_pauses,
+    mode_of,
 )
 from storage_migrator.fleet.names import DEFAULT_CLUSTER, cluster_tag, deployment_name, identity_variable
 
@@ -39,13 +43,15 @@ BLOCK_TYPE = "kubernetes-cluster-config"
 
 app = typer.Typer(
     name="fleet",
-    help="A cluster's deployments on a shared Prefect server: one KubernetesClusterConfig block, one command.",
+    help="A cluster's deployments on a shared Prefect server: a worker of its own (pull mode), or its KubernetesClusterConfig block (push mode).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
 
-Cluster = Annotated[str, typer.Argument(metavar="NAME", help="the cluster: the name of its KubernetesClusterConfig block")]  # fmt: skip
+Cluster = Annotated[str, typer.Argument(metavar="NAME", help="the cluster's name (push mode: its KubernetesClusterConfig block's)")]  # fmt: skip
+Pool = Annotated[str | None, typer.Option("--pool", help="pull mode: the work pool of the cluster's own worker (default, with no block NAME: storage-migrator-NAME)")]  # fmt: skip
+Queue = Annotated[str | None, typer.Option("--queue", help="pull mode: a queue of the pool (default: the pool's default queue)")]  # fmt: skip
 
 
 def _fail(message: str) -> NoReturn:
@@ -168,7 +174,7 @@ def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> tuple[Deployment
     options = (ConcurrencyOptions(collision_strategy=ConcurrencyLimitStrategy(spec.collision_strategy),
                                   grace_period_seconds=spec.grace_period_seconds)
                if spec.collision_strategy else None)  # fmt: skip
-    client.create_deployment(
+    deployment_id = client.create_deployment(
         flow_id=UUID(spec.flow_id), name=spec.name, version=spec.version,
         version_info=VersionInfo.model_validate(spec.version_info) if spec.version_info else None,
         schedules=[DeploymentScheduleCreate.model_validate(s.model_dump()) for s in spec.schedules],
@@ -184,6 +190,8 @@ def _upsert(client: SyncPrefectClient, spec: DeploymentSpec) -> tuple[Deployment
         pull_steps=spec.pull_steps, enforce_parameter_schema=spec.enforce_parameter_schema,
         job_variables=spec.job_variables,
     )  # fmt: skip
+    # The queue the server chose (a pull-mode pool's default queue, when --queue was not given).
+    spec = spec.model_copy(update={"work_queue_name": client.read_deployment(deployment_id).work_queue_name})
     return spec, "created" if existing is None else "updated"
 
 
@@ -197,17 +205,38 @@ def _schedule_text(schedules: list[dict[str, Any]]) -> str:
     return ", ".join(one(s) for s in schedules) or "-"
 
 
-def add(name: Cluster, output: Output = OutputFormat.table) -> None:
+def _ensure_pool(client: SyncPrefectClient, pool: str, like: str | None) -> str:
+    """The pull-mode pool, created like the templates' pool (its type and job template) when it does not exist:
+    'exists' or 'created'. Its worker, in the cluster, is the only one to serve it."""
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        client.read_work_pool(pool)
+        return "exists"
+    except ObjectNotFound:
+        pass
+    template = client.read_work_pool(like) if like else None
+    client.create_work_pool(WorkPoolCreate(
+        name=pool, type=template.type if template else "process",
+        base_job_template=template.base_job_template if template else {},
+        description="storage-migrator: one cluster's pool (pull mode); only a worker in that cluster serves it",
+    ))  # fmt: skip
+    return "created"
+
+
+def add(name: Cluster, pool: Pool = None, queue: Queue = None, output: Output = OutputFormat.table) -> None:
     """Create or update the cluster's deployments flow/NAME, one per deployment of prefect.yaml (the templates, flow/flow).
 
-    Each copies its template (flow, entrypoint, pull steps, work pool and queue, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tag cluster:NAME; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). Needs the KubernetesClusterConfig block NAME and the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 the block or a template is missing, or the Prefect API failed; 2 a usage error.
+    Pull mode (--pool, or no KubernetesClusterConfig block NAME): the copies' runs go to a work pool of the cluster's own (created like the templates' pool if it does not exist), which only the cluster's own worker serves, with its own credentials (the kustomize install with STORAGE_MIGRATOR_CLUSTER=NAME, its ServiceAccount): the Prefect server holds no credential of the cluster. Push mode (a block NAME exists, no --pool): the copies keep the templates' pool, whose workers reach the cluster through the block. Each copies its template (flow, entrypoint, pull steps, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tags cluster:NAME and mode:pull or mode:push; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). Needs the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 a template is missing, or the Prefect API failed; 2 a usage error.
     """
     cluster = _checked(name)
+    if queue and not pool:
+        raise typer.BadParameter("--queue is a queue of the cluster's own pool: give --pool too", param_hint="--queue")
     with _prefect() as client:
-        if not _block_exists(client, cluster):
-            _fail(f"no KubernetesClusterConfig block named {cluster!r} on the Prefect server at {_api_url()}: create "
-                  f"it first (KubernetesClusterConfig.from_file(KUBECONFIG, context_name=CONTEXT).save({cluster!r}); "
-                  "docs/operator-guide.md, 'Deploying for a fleet'), then run this again")  # fmt: skip
+        has_block = _block_exists(client, cluster)
+        if pool is None and not has_block:
+            pool = default_pool(cluster)
         templates, missing = _templates(client)
         if missing:
             _fail(f"the template deployments {', '.join(missing)} are not on the Prefect server at {_api_url()}: "
@@ -218,25 +247,45 @@ def add(name: Cluster, output: Output = OutputFormat.table) -> None:
                 print(f"warning: {template.full_name} was deployed from a flow that takes no 'cluster' parameter: "
                       f"runs of {deployment_name(template.flow_name, cluster)} will fail until the templates are "
                       "deployed again from a release whose flows take it, and this command run again", file=sys.stderr)  # fmt: skip
-        written = [_upsert(client, for_cluster(t, cluster)) for t in templates]
+        pool_action = _ensure_pool(client, pool, templates[0].work_pool_name) if pool else None
+        written = [_upsert(client, for_cluster(t, cluster, pool=pool, queue=queue)) for t in templates]
+    _report_mode(cluster, pool, pool_action, has_block)
     rows: list[dict[str, Any]] = [
-        {"deployment": c.full_name, "action": action, "work_pool": c.work_pool_name, "work_queue": c.work_queue_name,
-         "parameters": c.parameters, "tags": c.tags,
+        {"deployment": c.full_name, "action": action, "mode": mode_of(c.tags), "work_pool": c.work_pool_name,
+         "work_queue": c.work_queue_name, "parameters": c.parameters, "tags": c.tags,
          "schedules": [s.model_dump(include={"schedule", "active"}) for s in c.schedules],
          "concurrency_limit": c.concurrency_limit, "collision_strategy": c.collision_strategy}
         for c, action in written
     ]  # fmt: skip
     emit(output, rows, lambda: render_table(
-        ["DEPLOYMENT", "ACTION", "WORK POOL", "SCHEDULE", "CONCURRENCY"],
-        [[r["deployment"], r["action"], r["work_pool"] or "-", _schedule_text(r["schedules"]),
+        ["DEPLOYMENT", "ACTION", "MODE", "WORK POOL", "SCHEDULE", "CONCURRENCY"],
+        [[r["deployment"], r["action"], r["mode"], r["work_pool"] or "-", _schedule_text(r["schedules"]),
           f"{r['concurrency_limit']} {r['collision_strategy'] or ''}".strip() if r["concurrency_limit"] else "-"]
          for r in rows]))  # fmt: skip
 
 
-def _cluster_deployments(client: SyncPrefectClient) -> dict[str, list[str]]:
-    """Cluster → its deployments' full names, from the `cluster:` tag (templates have none)."""
+def _report_mode(cluster: str, pool: str | None, pool_action: str | None, has_block: bool) -> None:
+    """What the operator does next, on stderr (the table or json on stdout stays the data)."""
+    if pool is None:
+        print(f"note: push mode: cluster {cluster!r} is reached through its KubernetesClusterConfig block, whose "
+              "credentials the Prefect database holds; --pool for pull mode (docs/operator-guide.md, "
+              "'Pull mode and push mode')", file=sys.stderr)  # fmt: skip
+        return
+    print(f"pull mode: work pool {pool!r} {pool_action}; start the cluster's own worker on it, in the cluster: "
+          f"the kustomize install with STORAGE_MIGRATOR_CLUSTER={cluster} and PREFECT_WORK_POOL={pool} "
+          f"(docs/operator-guide.md, 'Pull mode and push mode'), or off-cluster with only that cluster's "
+          f"kubeconfig: STORAGE_MIGRATOR_CLUSTER={cluster} STORAGE_MIGRATOR_KUBECONFIG=PATH uv run prefect worker "
+          f"start --pool {pool}", file=sys.stderr)  # fmt: skip
+    if has_block:
+        print(f"warning: a KubernetesClusterConfig block named {cluster!r} is on the Prefect server, and pull mode "
+              f"does not use it: delete it (prefect block delete {BLOCK_TYPE}/{cluster}) so that the server holds "
+              "no credential of the cluster", file=sys.stderr)  # fmt: skip
+
+
+def _cluster_deployments(client: SyncPrefectClient) -> dict[str, list[Any]]:
+    """Cluster → its deployments, from the `cluster:` tag (templates have none), each with `full_name` set."""
     flows: dict[Any, str] = {}
-    by_cluster: dict[str, list[str]] = {}
+    by_cluster: dict[str, list[Any]] = {}
     offset, page = 0, 200
     while batch := client.read_deployments(limit=page, offset=offset):
         for deployment in batch:
@@ -245,9 +294,9 @@ def _cluster_deployments(client: SyncPrefectClient) -> dict[str, list[str]]:
                 continue
             if deployment.flow_id not in flows:
                 flows[deployment.flow_id] = client.read_flow(deployment.flow_id).name
-            by_cluster.setdefault(cluster, []).append(f"{flows[deployment.flow_id]}/{deployment.name}")
+            by_cluster.setdefault(cluster, []).append((f"{flows[deployment.flow_id]}/{deployment.name}", deployment))
         offset += page
-    return {c: sorted(names) for c, names in sorted(by_cluster.items())}
+    return {c: sorted(found, key=lambda d: d[0]) for c, found in sorted(by_cluster.items())}
 
 
 def _identity_uid(client: SyncPrefectClient, cluster: str) -> str | None:
@@ -260,27 +309,35 @@ def _identity_uid(client: SyncPrefectClient, cluster: str) -> str | None:
 
 
 def list_clusters(output: Output = OutputFormat.table) -> None:
-    """One row per cluster that has deployments (tagged cluster:NAME): its deployments, those of prefect.yaml it lacks, whether its KubernetesClusterConfig block exists, and its recorded identity (the uid of kube-system, Prefect Variable storage-migrator-cluster-NAME; none before its first run).
+    """One row per cluster that has deployments (tagged cluster:NAME): pull or push mode, its work pools, its deployments, those of prefect.yaml it lacks, whether its KubernetesClusterConfig block exists (push mode needs it; in pull mode one left there is credentials to delete), and its recorded identity (the uid of kube-system, Prefect Variable storage-migrator-cluster-NAME; none before its first run).
 
     Exit codes: 0 done (no cluster included: the table says so on stderr, json prints []); 1 the Prefect API failed.
     """
     with _prefect() as client:
         clusters = _cluster_deployments(client)
         blocks = _block_names(client)
-        rows: list[dict[str, Any]] = [
-            {"cluster": cluster, "deployments": names,
-             "missing_deployments": [f for f in FLEET_FLOWS if f"{f}/{cluster}" not in names],
-             "block": cluster in blocks, "identity_uid": _identity_uid(client, cluster)}
-            for cluster, names in clusters.items()
-        ]  # fmt: skip
+        rows: list[dict[str, Any]] = []
+        for cluster, found in clusters.items():
+            names = [n for n, _ in found]
+            modes = {mode_of(d.tags or []) for _, d in found}
+            rows.append({
+                "cluster": cluster, "deployments": names, "mode": "pull" if modes == {"pull"} else
+                "push" if modes == {"push"} else "mixed", "work_pools": sorted({d.work_pool_name or "-" for _, d in found}),
+                "missing_deployments": [f for f in FLEET_FLOWS if f"{f}/{cluster}" not in names],
+                "block": cluster in blocks, "identity_uid": _identity_uid(client, cluster),
+            })  # fmt: skip
     if not rows and output is OutputFormat.table:
         print("No clusters found: no deployment is tagged cluster:NAME (storage-migrator fleet add NAME)",
               file=sys.stderr)  # fmt: skip
         return
+
+    def block(r: dict[str, Any]) -> str:  # pull mode needs none; a block left there is credentials to delete
+        return ("yes" if r["block"] else "missing") if r["mode"] != "pull" else ("yes (unused)" if r["block"] else "-")
+
     emit(output, rows, lambda: render_table(
-        ["CLUSTER", "DEPLOYMENTS", "MISSING", "BLOCK", "IDENTITY"],
-        [[r["cluster"], ",".join(n.split("/")[0] for n in r["deployments"]), ",".join(r["missing_deployments"]) or "-",
-          "yes" if r["block"] else "missing", r["identity_uid"] or "-"] for r in rows]))  # fmt: skip
+        ["CLUSTER", "MODE", "WORK POOL", "DEPLOYMENTS", "MISSING", "BLOCK", "IDENTITY"],
+        [[r["cluster"], r["mode"], ",".join(r["work_pools"]), ",".join(n.split("/")[0] for n in r["deployments"]),
+          ",".join(r["missing_deployments"]) or "-", block(r), r["identity_uid"] or "-"] for r in rows]))  # fmt: skip
 
 
 def remove(name: Cluster, output: Output = OutputFormat.table) -> None:

@@ -23,8 +23,10 @@ __all__ = [
     "DeploymentSpec",
     "ScheduleSpec",
     "cluster_of",
+    "default_pool",
     "for_cluster",
     "keeping_pauses",
+    "mode_of",
 ]
 
 #: Every flow of prefect.yaml, by its deployment's name (tests/unit/fleet keeps them equal):
@@ -34,6 +36,18 @@ FLEET_FLOWS: tuple[str, ...] = ("detect-storage-changes", "migrate-resource", "r
 #: The flows' parameter naming the cluster's KubernetesClusterConfig block.
 CLUSTER_PARAMETER = "cluster"
 _TAG_PREFIX = cluster_tag("x").removesuffix("x")
+#: The tags that say how a cluster's deployments reach it (issue 30).
+PULL_TAG, PUSH_TAG = "mode:pull", "mode:push"
+
+
+def default_pool(cluster: str) -> str:
+    """The work pool of a cluster added in pull mode without one named."""
+    return f"storage-migrator-{cluster}"
+
+
+def mode_of(tags: list[str]) -> str:
+    """'pull' or 'push' (a copy made before there were modes: push, as it was)."""
+    return "pull" if PULL_TAG in tags else "push"
 
 
 class ScheduleSpec(BaseModel):
@@ -92,25 +106,32 @@ def cluster_of(tags: list[str]) -> str | None:
     return next((t.removeprefix(_TAG_PREFIX) for t in tags if t.startswith(_TAG_PREFIX)), None)
 
 
-def for_cluster(template: DeploymentSpec, cluster: str) -> DeploymentSpec:
+def for_cluster(template: DeploymentSpec, cluster: str, *, pool: str | None = None,
+                queue: str | None = None) -> DeploymentSpec:  # fmt: skip
     """The cluster's copy of a template: its own name, the cluster as a parameter and a tag, all else the same.
 
     Schedules are the template's, active or paused as it is, each the cluster's own (a
     schedule is a deployment's; `keeping_pauses` for an update); a concurrency limit is per deployment, so each cluster
-    gets its own one-at-a-time poll and dispatcher.
+    gets its own one-at-a-time poll and dispatcher. `pool` (pull mode, issue 30): the copy's runs go to that work pool
+    (its `queue`, else the pool's default queue), which only the cluster's own worker serves; push mode keeps the
+    template's pool and queue, whose workers reach the cluster through its block.
     """
     if block_of(cluster) is None:  # `default` or nothing; a name no block can have raises there
         raise ValueError(f"{cluster!r} is the environment's cluster: its deployments are the templates "
-                         "themselves (flow/flow); name a KubernetesClusterConfig block of another name")  # fmt: skip
+                         "themselves (flow/flow); name another cluster")  # fmt: skip
     name = deployment_name(template.flow_name, cluster).split("/", 1)[1]
-    tags = [t for t in template.tags if not t.startswith(_TAG_PREFIX)] + [cluster_tag(cluster)]
+    tags = [t for t in template.tags if not t.startswith(_TAG_PREFIX) and t not in (PULL_TAG, PUSH_TAG)]
+    tags += [cluster_tag(cluster), PULL_TAG if pool else PUSH_TAG]
     schedules = [s.model_copy(update={"parameters": {k: v for k, v in s.parameters.items() if k != CLUSTER_PARAMETER}})
                  for s in template.schedules]  # fmt: skip
-    description = f"{template.description or ''}\n\nFor cluster {cluster!r}: its KubernetesClusterConfig block " \
-                  f"(storage-migrator fleet add {cluster}).".lstrip()  # fmt: skip
+    how = (f"pull mode, work pool {pool!r}: its own worker, in the cluster, started with STORAGE_MIGRATOR_CLUSTER="
+           f"{cluster}" if pool else "its KubernetesClusterConfig block")  # fmt: skip
+    description = f"{template.description or ''}\n\nFor cluster {cluster!r}: {how} " \
+                  f"(storage-migrator fleet add {cluster}{f' --pool {pool}' if pool else ''}).".lstrip()  # fmt: skip
+    placed = {"work_pool_name": pool, "work_queue_name": queue} if pool else {}
     return template.model_copy(update={
         "name": name, "tags": tags, "schedules": schedules, "description": description,
-        "parameters": {**template.parameters, CLUSTER_PARAMETER: cluster},
+        "parameters": {**template.parameters, CLUSTER_PARAMETER: cluster}, **placed,
     })  # fmt: skip
 
 

@@ -25,7 +25,9 @@ __all__ = [
     "ClusterIdentity",
     "IdentityChanged",
     "IdentityVerdict",
+    "WrongCluster",
     "judge_identity",
+    "judge_worker",
     "read_cluster_uid",
 ]
 
@@ -51,6 +53,25 @@ class IdentityChanged(Exception):
     """The cluster a name points at is not the one recorded under that name."""
 
 
+class WrongCluster(Exception):
+    """Pull mode: a flow run for one cluster reached the worker of another (issue 30)."""
+
+
+def judge_worker(run_for: str, *, worker: str) -> str | None:
+    """Pull mode (issue 30): a worker's credentials reach its own cluster only, so a run for
+    another must stop before it reads or writes anything. None: the run is for the worker's
+    cluster; else what to say (naming both)."""
+    if run_for == worker:
+        return None
+    return (
+        f"this flow run is for cluster {run_for!r}, and the worker that took it serves cluster {worker!r} "
+        f"(STORAGE_MIGRATOR_CLUSTER={worker}): its credentials reach {worker!r} only. Nothing was read or "
+        f"written. Run it on {run_for!r}'s own deployments (flow/{run_for}, on the work pool that "
+        f"`storage-migrator fleet add {run_for} --pool POOL` gave it), and start {worker!r}'s worker on "
+        f"{worker!r}'s pool only"
+    )
+
+
 def judge_identity(cluster: str, *, recorded: str | None, observed: str) -> tuple[IdentityVerdict, str]:
     """The verdict and what to say about it (the message names both identities when they differ)."""
     if recorded is None:
@@ -60,7 +81,8 @@ def judge_identity(cluster: str, *, recorded: str | None, observed: str) -> tupl
     return IdentityVerdict.CHANGED, (
         f"cluster {cluster!r} was kube-system uid {recorded} and now answers as kube-system uid {observed}: "
         "its credentials point at another cluster (or it was reinstalled). Nothing was written. Point the "
-        f"block back at the cluster it names, or, if the cluster was reinstalled on purpose, delete the "
+        f"credentials back at the cluster it names (its block; in pull mode, the worker started with "
+        f"STORAGE_MIGRATOR_CLUSTER={cluster}), or, if the cluster was reinstalled on purpose, delete the "
         f"recorded identity (prefect variable delete {identity_variable(cluster)}) and run again"
     )
 

@@ -66,6 +66,13 @@ class Settings(
                 f"cluster_config_block ({self.cluster_config_block!r}) names the credentials: "
                 "unset STORAGE_MIGRATOR_KUBECONFIG and STORAGE_MIGRATOR_IN_CLUSTER, or unset the block"
             )
+        if self.cluster_config_block and self.cluster and self.cluster != self.cluster_config_block:
+            raise ValueError(
+                f"cluster ({self.cluster!r}) and cluster_config_block ({self.cluster_config_block!r}) name two "
+                "clusters: a pull-mode worker (STORAGE_MIGRATOR_CLUSTER) uses its own credentials, not a block"
+            )
+        if self.cluster_config_block and self.cluster is None:
+            self.cluster = self.cluster_config_block  # push mode: the block's name is the cluster's
         if self.stale_after_seconds is not None and self.stale_after_seconds < self.poll_seconds:
             raise ValueError(
                 f"stale_after_seconds ({self.stale_after_seconds}) must be >= poll_seconds "

@@ -39,6 +39,19 @@ class ConnectionSettings(BaseModel):
             "database: prefer the pod's service account (DESIGN 4.1, PREFECT.md)."
         ),
     )
+    cluster: str | None = Field(
+        default=None,
+        min_length=1,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description=(
+            "Pull mode (issue 30): the name of the one cluster this worker's own credentials "
+            "(its in-cluster ServiceAccount, or kubeconfig) reach, as `storage-migrator fleet add "
+            "NAME` named it. A flow run for another cluster fails before any write, naming both. "
+            "Default: none (push mode: a named cluster is reached through its "
+            "KubernetesClusterConfig block). In a run, the cluster it is for (none: the "
+            "environment's, `default`)."
+        ),
+    )
     request_timeout_seconds: float = Field(
         default=60.0,
         gt=0,

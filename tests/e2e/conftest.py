@@ -6,7 +6,8 @@ tier, not one per file; a server, a deploy and a worker cost 30-40 s of CPU each
 - test_deployments.py runs the deployments as an operator does;
 - test_ui.py (issue 23) opens the server's UI in a browser;
 - test_schedule.py has the server's scheduler fire the detection schedule;
-- test_scale_out.py adds two workers of its own on queues the stack's worker does not read.
+- test_scale_out.py adds two workers of its own on queues the stack's worker does not read;
+- test_fleet_pull.py adds two clusters in pull mode, each with a worker on a pool of its own.
 
 The detection schedule (every 10 minutes) is paused from the start: a poll of the shared
 cluster requests a migration of every resource there, and one that fired inside a test would
@@ -24,7 +25,7 @@ import pytest
 from shared_stack import STACK_QUEUE, paused_detection
 
 from devstack import PrefectStack
-from devstack.postgres import start_postgres
+from devstack.postgres import Postgres, start_postgres
 
 #: The module that runs last: it counts every write to the cluster (test_scale_out.py), so the
 #: runs the other modules started (the UI's) are over by then.
@@ -32,10 +33,20 @@ LAST = ("test_scale_out.py",)
 
 
 @pytest.fixture(scope="session")
-def deployed_stack(kubesim_session: Any, migration_crds: None,
+def stack_postgres() -> Iterator[Postgres]:
+    """The PostgreSQL server of the stack's Prefect server (its database: a test dumps it)."""
+    postgres = start_postgres()
+    try:
+        yield postgres
+    finally:
+        postgres.stop()
+
+
+@pytest.fixture(scope="session")
+def deployed_stack(kubesim_session: Any, migration_crds: None, stack_postgres: Postgres,
                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectStack]:  # fmt: skip
     """`prefect deploy --all` on a server of its own (PostgreSQL), and one process worker."""
-    postgres = start_postgres()
+    postgres = stack_postgres
     stack = PrefectStack(
         tmp_path_factory.mktemp("prefect-home"),
         server_env={"PREFECT_API_DATABASE_CONNECTION_URL": postgres.url},
@@ -54,7 +65,6 @@ def deployed_stack(kubesim_session: Any, migration_crds: None,
         yield stack
     finally:
         stack.stop()
-        postgres.stop()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,4 +1,5 @@
-"""`storage-migrator fleet add|list|remove` (issue 20 item 3: "Adding a cluster means one block plus one command").
+"""`storage-migrator fleet add|list|remove` (issue 20 item 3: "Adding a cluster means one block plus one command";
+issue 30: pull mode, the default, needs no block).
 
 As an operator runs it: the project deployed with `prefect --no-prompt deploy --all`
 (the templates, from this repository's prefect.yaml, onto the session's Prefect test
@@ -134,7 +135,7 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
         copies[flow] = copy
         assert copy.id != template.id and copy.flow_id == template.flow_id
         assert copy.parameters == {**template.parameters, "cluster": block}
-        assert copy.tags == [*template.tags, f"cluster:{block}"]
+        assert copy.tags == [*template.tags, f"cluster:{block}", "mode:push"], "a block, no --pool: push mode"
         assert (copy.work_pool_name, copy.work_queue_name) == (template.work_pool_name, template.work_queue_name)
         assert copy.work_pool_name == POOL
         same = ("entrypoint", "path", "pull_steps", "job_variables", "parameter_openapi_schema",
@@ -191,7 +192,7 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
     table = fleet_here("add", block)
     assert table.returncode == 0, table.stderr
     (row,) = [line.split() for line in table.stdout.splitlines() if line.startswith(f"detect-storage-changes/{block} ")]
-    assert row[1:] == ["updated", POOL, "every", "600s", "1", "CANCEL_NEW"]
+    assert row[1:] == ["updated", "push", POOL, "every", "600s", "1", "CANCEL_NEW"]
 
 
 def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(
@@ -215,8 +216,9 @@ def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(
     listed = fleet_here("list", "-o", "json")
     assert listed.returncode == 0, listed.stderr
     (row,) = [r for r in json.loads(listed.stdout) if r["cluster"] == block]
-    assert row == {"cluster": block, "deployments": sorted(f"{f}/{block}" for f in FLEET_FLOWS),
-                   "missing_deployments": [], "block": True, "identity_uid": "uid-of-kube-system"}  # fmt: skip
+    assert row == {"cluster": block, "deployments": sorted(f"{f}/{block}" for f in FLEET_FLOWS), "mode": "push",
+                   "work_pools": [POOL], "missing_deployments": [], "block": True,
+                   "identity_uid": "uid-of-kube-system"}  # fmt: skip
     table = fleet_here("list")
     assert table.returncode == 0 and any(line.split()[0] == block and "uid-of-kube-system" in line
                                          for line in table.stdout.splitlines())  # fmt: skip
@@ -236,13 +238,43 @@ def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(
     assert again.returncode == 1 and f"no deployments for cluster {block!r}" in again.stderr
 
 
-def test_a_cluster_without_its_block_is_refused_naming_the_fix(templates: Path, fleet_here: Fleet) -> None:
+def test_a_cluster_without_a_block_is_added_in_pull_mode_on_a_pool_of_its_own(
+    templates: Path, fleet_here: Fleet, kubesim_session: Kubesim
+) -> None:
+    """Issue 30: "Pull mode, the default for a fleet. `storage-migrator fleet add NAME --pool POOL`
+    gives cluster NAME its deployments on a work pool (or a queue) of its own"; "No block is
+    needed, and the Prefect server holds no credential of that cluster"."""
     name = f"fleet-{uuid.uuid4().hex[:8]}"
-    done = fleet_here("add", name)
-    assert done.returncode == 1
-    assert f"no KubernetesClusterConfig block named {name!r}" in done.stderr and f".save({name!r})" in done.stderr
-    with get_client(sync_client=True) as client:
-        assert _copies(client, name) == []
+    pool = f"storage-migrator-{name}"
+    try:
+        done = fleet_here("add", name, "-o", "json")
+        assert done.returncode == 0, done.stderr
+        assert {(r["mode"], r["work_pool"], r["work_queue"]) for r in json.loads(done.stdout)} == {
+            ("pull", pool, "default")}, done.stdout  # fmt: skip
+        assert f"work pool {pool!r} created" in done.stderr and f"STORAGE_MIGRATOR_CLUSTER={name}" in done.stderr
+        with get_client(sync_client=True) as client:
+            made, template = client.read_work_pool(pool), client.read_work_pool(POOL)
+            assert (made.type, made.base_job_template) == (template.type, template.base_job_template)
+            assert sorted(d.name for d in _copies(client, name)) == [name] * len(FLEET_FLOWS)
+            blocks = client.read_block_documents(include_secrets=False)
+            assert name not in {b.name for b in blocks}, "pull mode made no block"
+        listed = [r for r in json.loads(fleet_here("list", "-o", "json").stdout) if r["cluster"] == name]
+        assert [(r["mode"], r["work_pools"], r["block"]) for r in listed] == [("pull", [pool], False)]
+        # A block of that name left on the server: credentials pull mode does not use, named to delete.
+        KubernetesClusterConfig.from_file(Path(kubesim_session.kubeconfig)).save(name)
+        again = fleet_here("add", name, "--pool", pool)
+        assert again.returncode == 0 and f"work pool {pool!r} exists" in again.stderr
+        assert f"prefect block delete kubernetes-cluster-config/{name}" in again.stderr, again.stderr
+    finally:
+        with get_client(sync_client=True) as client:
+            for deployment in _copies(client, name):
+                client.delete_deployment(deployment.id)
+            with contextlib.suppress(ObjectNotFound):
+                client.delete_block_document(
+                    client.read_block_document_by_name(name, block_type_slug="kubernetes-cluster-config").id
+                )
+            with contextlib.suppress(ObjectNotFound):
+                client.delete_work_pool(pool)
     # `default` is the environment's cluster: its deployments are the templates, never overwritten.
     refused = fleet_here("add", "default")
     assert refused.returncode == 2 and "templates themselves" in refused.stderr

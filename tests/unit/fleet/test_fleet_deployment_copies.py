@@ -14,6 +14,7 @@ from storage_migrator.fleet.deployments import (
     cluster_of,
     for_cluster,
     keeping_pauses,
+    mode_of,
 )
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -39,7 +40,7 @@ def test_a_copy_is_the_template_with_the_cluster_as_parameter_tag_and_name() -> 
     copy = for_cluster(TEMPLATE, "prod-eu")
     assert copy.full_name == "detect-storage-changes/prod-eu"
     assert copy.parameters == {"settle_seconds": 30, "cluster": "prod-eu"}
-    assert copy.tags == ["storage-migrator", "cluster:prod-eu"]
+    assert copy.tags == ["storage-migrator", "cluster:prod-eu", "mode:push"] and mode_of(copy.tags) == "push"
     # A schedule may not point its runs at another cluster; paused stays paused.
     assert copy.schedules == [ScheduleSpec(schedule={"interval": 600.0}, active=False, parameters={})]
     assert copy.description is not None and copy.description.startswith("One poll.") and "prod-eu" in copy.description
@@ -50,7 +51,7 @@ def test_a_copy_is_the_template_with_the_cluster_as_parameter_tag_and_name() -> 
 
 def test_a_copy_of_a_copy_is_tagged_for_one_cluster_only() -> None:
     twice = for_cluster(for_cluster(TEMPLATE, "a"), "b")
-    assert twice.tags == ["storage-migrator", "cluster:b"] and cluster_of(twice.tags) == "b"
+    assert twice.tags == ["storage-migrator", "cluster:b", "mode:push"] and cluster_of(twice.tags) == "b"
     assert cluster_of(TEMPLATE.tags) is None
 
 
@@ -72,3 +73,21 @@ def test_an_update_keeps_what_the_operator_paused_or_resumed_on_the_clusters_sch
     assert [s.active for s in keeping_pauses(slugged, other_slug).schedules] == [False], "another schedule's state"
     same_slug = [ScheduleSpec(schedule={"interval": 60.0}, active=True, slug="poll")]
     assert [s.active for s in keeping_pauses(slugged, same_slug).schedules] == [True]
+
+
+def test_a_pull_mode_copy_goes_to_the_clusters_own_pool() -> None:
+    """Issue 30: "`storage-migrator fleet add NAME --pool POOL` gives cluster NAME its deployments
+    on a work pool (or a queue) of its own." Everything else is the template's, as in push mode."""
+    copy = for_cluster(TEMPLATE, "prod-eu", pool="pool-eu")
+    assert (copy.work_pool_name, copy.work_queue_name) == ("pool-eu", None), "the pool's default queue"
+    assert copy.tags == ["storage-migrator", "cluster:prod-eu", "mode:pull"] and mode_of(copy.tags) == "pull"
+    assert "STORAGE_MIGRATOR_CLUSTER=prod-eu" in (copy.description or "")
+    queued = for_cluster(TEMPLATE, "prod-eu", pool="shared", queue="prod-eu")
+    assert (queued.work_pool_name, queued.work_queue_name) == ("shared", "prod-eu")
+    assert for_cluster(copy, "prod-us").tags == ["storage-migrator", "cluster:prod-us", "mode:push"], (
+        "a copy of a copy says its own mode"
+    )
+    unchanged = TEMPLATE.model_dump(exclude={"name", "parameters", "tags", "schedules", "description",
+                                             "work_pool_name", "work_queue_name"})  # fmt: skip
+    assert copy.model_dump(exclude={"name", "parameters", "tags", "schedules", "description", "work_pool_name",
+                                    "work_queue_name"}) == unchanged  # fmt: skip

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from flows.cluster_scope import cluster_settings
+from storage_migrator.fleet.identity import WrongCluster
 
 
 def test_a_named_cluster_uses_its_block_whatever_the_workers_kubeconfig(
@@ -30,3 +31,42 @@ def test_a_named_cluster_with_a_kubeconfig_too_is_refused_naming_both() -> None:
         cluster_settings("prod-eu", kubeconfig="/etc/kubeconfig")
     with pytest.raises(ValueError, match="not a KubernetesClusterConfig block name"):
         cluster_settings("Prod EU")
+
+
+def test_a_pull_mode_worker_runs_for_its_own_cluster_with_its_own_credentials(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 30: "Only a worker running inside that cluster serves that pool ... using its
+    in-cluster ServiceAccount. No block is needed"; "Everything scoped by cluster today stays
+    scoped" (settings.cluster names it)."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_CLUSTER", "prod-eu")
+    monkeypatch.setenv("STORAGE_MIGRATOR_KUBECONFIG", str(tmp_path / "prod-eu-only"))
+    own = cluster_settings("prod-eu", chunk_size=5)
+    assert (own.cluster, own.cluster_config_block, own.kubeconfig, own.chunk_size) == (
+        "prod-eu", None, tmp_path / "prod-eu-only", 5)  # fmt: skip
+    with pytest.raises(ValueError, match="with its own credentials"):
+        cluster_settings("prod-eu", kubeconfig="/elsewhere")
+
+
+@pytest.mark.parametrize("other", ["prod-us", None, "default"])
+def test_a_run_for_another_cluster_fails_on_a_pull_mode_worker_naming_both(
+    monkeypatch: pytest.MonkeyPatch, other: str | None
+) -> None:
+    """Issue 30: "A flow run for cluster B that reaches a worker of cluster A fails before any
+    write, naming both." cluster_settings is each flow's first step: nothing is read before it."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_CLUSTER", "prod-eu")
+    with pytest.raises(WrongCluster) as stopped:
+        cluster_settings(other)
+    wanted = other or "default"
+    assert f"for cluster {wanted!r}" in str(stopped.value) and "serves cluster 'prod-eu'" in str(stopped.value)
+    assert "Nothing was read or written" in str(stopped.value)
+
+
+def test_push_mode_scopes_by_the_blocks_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("STORAGE_MIGRATOR_CLUSTER", raising=False)
+    assert cluster_settings("prod-eu").cluster == "prod-eu"
+    assert cluster_settings(None).cluster is None
+    monkeypatch.setenv("STORAGE_MIGRATOR_CLUSTER", "prod-us")
+    monkeypatch.setenv("STORAGE_MIGRATOR_CLUSTER_CONFIG_BLOCK", "prod-eu")
+    with pytest.raises(ValueError, match="name two clusters"):
+        cluster_settings("prod-us")

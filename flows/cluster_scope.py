@@ -46,7 +46,7 @@ def cluster_settings(cluster: str | None, **overrides: Any) -> Settings:
     base = Settings.with_overrides(**overrides)
     wanted = block_of(cluster)
     given = [k for k in ("kubeconfig", "context") if overrides.get(k) is not None]
-    if base.cluster is not None:
+    if base.cluster is not None and base.cluster_config_block is None:  # not a block's name: its own cluster
         problem = judge_worker(cluster_name(wanted), worker=base.cluster)
         if problem is not None:
             raise WrongCluster(problem)

@@ -74,7 +74,9 @@ def api_client(settings: Settings, *, server: str | None = None) -> ApiClient:
     except ValueError as exc:  # Prefect: "Unable to find block document named ..."
         raise ConnectionConfigError(
             f"no KubernetesClusterConfig block named {name!r} in this Prefect workspace: create it "
-            f"(KubernetesClusterConfig.from_file(PATH).save({name!r})) or unset STORAGE_MIGRATOR_CLUSTER_CONFIG_BLOCK"
+            f"(KubernetesClusterConfig.from_file(PATH).save({name!r})) or unset STORAGE_MIGRATOR_CLUSTER_CONFIG_BLOCK. "
+            f"If {name!r} is in pull mode, this run reached a worker that is not its own: run it on {name!r}'s "
+            f"deployments (flow/{name}), which its own worker serves"
         ) from exc
     return api_client_from_config_dict(
         block.config,

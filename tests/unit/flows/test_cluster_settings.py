@@ -70,3 +70,13 @@ def test_push_mode_scopes_by_the_blocks_name(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("STORAGE_MIGRATOR_CLUSTER_CONFIG_BLOCK", "prod-eu")
     with pytest.raises(ValueError, match="name two clusters"):
         cluster_settings("prod-us")
+
+
+def test_a_worker_whose_environment_names_a_block_is_not_in_pull_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """STORAGE_MIGRATOR_CLUSTER_CONFIG_BLOCK (a single cluster's credentials in a block, before
+    there were fleets) keeps working: its runs are for that block's cluster, scoped by its name."""
+    monkeypatch.delenv("STORAGE_MIGRATOR_CLUSTER", raising=False)
+    monkeypatch.setenv("STORAGE_MIGRATOR_CLUSTER_CONFIG_BLOCK", "lab")
+    own = cluster_settings(None)
+    assert (own.cluster, own.cluster_config_block) == ("lab", "lab")
+    assert cluster_settings("prod-eu").cluster_config_block == "prod-eu"

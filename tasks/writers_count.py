@@ -87,6 +87,7 @@ def heal_writers_count(settings: Settings, *, joining: str | None = None) -> int
     with get_client(sync_client=True) as client:
         if not _take_healer(client, name):
             return None
+        read_at = datetime.now(UTC)
         try:
             slots = int(client.read_global_concurrency_limit_by_name(writers_limit_name(name)).active_slots)
         except ObjectNotFound:
@@ -101,7 +102,7 @@ def heal_writers_count(settings: Settings, *, joining: str | None = None) -> int
             *([joining] if joining else []),
         }
         ghosts = slots - possible_writers(requests, now=datetime.now(UTC), lease_seconds=settings.lease_seconds,
-                                          ended=no_slot)  # fmt: skip
+                                          slots_read_at=read_at, ended=no_slot)  # fmt: skip
         if ghosts <= 0:
             return 0
         client.release_concurrency_slots(names=[writers_limit_name(name)], slots=ghosts, occupancy_seconds=1.0)

@@ -28,7 +28,7 @@ next write of the request (the claim is checked): the request is resumed at once
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -43,6 +43,7 @@ from storage_migrator.models import (
 )
 
 __all__ = [
+    "CLOCK_SKEW_SECONDS",
     "OVER_PARALLEL_LIMIT",
     "PRESUMED_DEAD",
     "RUNNING_ELSEWHERE",
@@ -60,6 +61,8 @@ __all__ = [
     "was_presumed_dead",
 ]
 
+#: How far apart two machines' clocks may be: a request's times are its run's clock.
+CLOCK_SKEW_SECONDS = 10.0
 #: Reason of a pick that does not fit in ``max_parallel`` this time.
 OVER_PARALLEL_LIMIT = "over the parallel limit"
 #: Reason of a Running migration whose lease is live: another flow run owns it.
@@ -155,22 +158,33 @@ def _lease_is_live(migration: StorageVersionMigration, *, now: datetime, lease_s
 
 
 def possible_writers(
-    migrations: Sequence[StorageVersionMigration], *, now: datetime, lease_seconds: float, ended: Collection[str] = ()
+    migrations: Sequence[StorageVersionMigration],
+    *,
+    now: datetime,
+    lease_seconds: float,
+    slots_read_at: datetime,
+    ended: Collection[str] = (),
 ) -> int:
     """How many runs may hold a writer's slot of the budget now (issue 31): a run holds one only
     while its request is Running (it joins after marking it, and leaves before its verdict), and
-    refreshes it within ``lease_seconds`` (longer than Prefect's 60 s slot lease). Requests that
-    finished within ``lease_seconds`` count too: their run may not have left yet when the slots
-    were read. More slots than this are ghosts: slots whose lease a restarted Prefect server lost.
-    A request in ``ended`` (its claiming run ended in Prefect) has no writer."""
+    refreshes it within ``lease_seconds`` (longer than Prefect's 60 s slot lease). A request that
+    finished after ``slots_read_at`` (less CLOCK_SKEW_SECONDS: its time is its run's clock)
+    counts too: its run may have left after the slots were read. One that finished before had
+    left already: it never hides a ghost (the bench found a 600 s window hid every ghost of
+    migrations run one after another). More slots than this are ghosts: slots whose lease a
+    restarted Prefect server lost. A request in ``ended`` (its claiming run ended in Prefect) has
+    no writer."""
     if now.tzinfo is None:
         now = now.replace(tzinfo=UTC)
+    if slots_read_at.tzinfo is None:
+        slots_read_at = slots_read_at.replace(tzinfo=UTC)
+    since = slots_read_at - timedelta(seconds=CLOCK_SKEW_SECONDS)
     count = 0
     for migration in migrations:
         if migration.metadata.name in ended:
             continue
         done = finished_at(migration)
-        recent = done is not None and (now - done).total_seconds() <= lease_seconds
+        recent = done is not None and done >= since
         if recent or _lease_is_live(migration, now=now, lease_seconds=lease_seconds):
             count += 1
     return count

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from storage_migrator.conditions import get_condition, set_condition
 from storage_migrator.migration.dispatch import (
+    CLOCK_SKEW_SECONDS,
     OVER_PARALLEL_LIMIT,
     PRESUMED_DEAD,
     RUNNING_ELSEWHERE,
@@ -451,12 +452,17 @@ def test_lease_owners(rule: str, migration: StorageVersionMigration, owners: dic
 
 # Issue 31: "The writers' count must be right after any server restart": slots counted beyond
 # the runs that may hold one are ghosts. A run holds one only while its request is Running.
+READ = NOW - timedelta(seconds=2)  # when the healer read the slots
 WRITER_ROWS = [
     ("a live lease: its run may hold a slot", [svm("a", "secrets", state="running", updated=FRESH)], (), 1),
     ("an expired lease: its run died", [svm("a", "secrets", state="running")], (), 0),
-    ("finished within the lease: its run may not have left yet", [svm("a", "secrets", state="succeeded",
-                                                                       updated=FRESH)], (), 1),
-    ("finished a lease ago", [svm("a", "secrets", state="failed")], (), 0),
+    ("finished after the slots were read: its run may have left since", [svm("a", "secrets", state="succeeded",
+                                                                              updated=NOW)], (), 1),
+    ("finished a few seconds before the slots were read: its clock may be behind", [svm(
+        "a", "secrets", state="succeeded", updated=READ - timedelta(seconds=CLOCK_SKEW_SECONDS - 1))], (), 1),
+    ("finished a minute before: its run had left (bench: a 600 s window hid every ghost)",
+     [svm("a", "secrets", state="succeeded", updated=FRESH)], (), 0),
+    ("finished long ago", [svm("a", "secrets", state="failed")], (), 0),
     ("never started", [svm("a", "secrets")], (), 0),
     ("a live lease whose claiming run ended in Prefect: no writer", [svm("a", "secrets", state="running",
                                                                           updated=FRESH)], ("a",), 0),
@@ -469,4 +475,4 @@ WRITER_ROWS = [
 @pytest.mark.parametrize(("rule", "migrations", "ended", "count"), WRITER_ROWS, ids=[r[0] for r in WRITER_ROWS])
 def test_possible_writers(rule: str, migrations: list[StorageVersionMigration], ended: tuple[str, ...],
                           count: int) -> None:  # fmt: skip
-    assert possible_writers(migrations, now=NOW, lease_seconds=LEASE, ended=ended) == count, rule
+    assert possible_writers(migrations, now=NOW, lease_seconds=LEASE, slots_read_at=READ, ended=ended) == count, rule

@@ -36,10 +36,9 @@ def storage_migrator(stack: PrefectStack, kubeconfig: Path, *args: str) -> str:
 
 
 def save_block(stack: PrefectStack, kubeconfig: Path) -> None:
-    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+    with stack.settings():
         KubernetesClusterConfig.from_file(kubeconfig).save(NAME, overwrite=True)
 
 

@@ -67,9 +67,7 @@ def test_migrate_resource_deployment_runs_and_is_in_the_history(
     assert "resource:configmaps" in run.tags and f"migration:{migration.metadata.name}" in run.tags
     # DESIGN 4.5: writes share one budget: its rate is the limit's slot decay, and each
     # running migration holds one writer's lease, released when the run ends.
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         limit = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
         writers = client.read_global_concurrency_limit_by_name("storage-migrator-writes-writers")
     assert limit.active and limit.slot_decay_per_second == 500
@@ -137,8 +135,6 @@ def run_on_an_added_cluster(stack: PrefectStack, name: str, tmp_path: Path, wait
     """A second cluster, its block, `fleet add`; a request applied there with kubectl and run by
     its own run-migrations; `kubectl wait` there; then `fleet remove`."""
     from crd_install import cluster_with_crds
-    from prefect.client.orchestration import SyncPrefectClient
-    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
     manifest = tmp_path / "svm.yaml"
@@ -152,7 +148,7 @@ def run_on_an_added_cluster(stack: PrefectStack, name: str, tmp_path: Path, wait
             for i in range(5):
                 k8s.CoreV1Api(api).create_namespaced_config_map("default", k8s.V1ConfigMap(
                     metadata=k8s.V1ObjectMeta(name=f"fleet-{i}")))  # fmt: skip
-        with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        with stack.settings():
             KubernetesClusterConfig.from_file(Path(kubeconfig)).save(name, overwrite=True)
         added = subprocess.run(["storage-migrator", "fleet", "add", name, "-o", "json"], env=stack.env,
                                capture_output=True, text=True, timeout=120)  # fmt: skip
@@ -169,7 +165,7 @@ def run_on_an_added_cluster(stack: PrefectStack, name: str, tmp_path: Path, wait
         assert waited.returncode == 0, waited.stderr
         # Its run-migrations ends with a poll of the cluster: whatever it writes, it has written.
         wait_for(lambda: not runs_under_way(stack), what=f"every run for {name} to end")
-        with SyncPrefectClient(api=stack.api_url) as client:
+        with stack.client() as client:
             own = {client.read_deployment_by_name(f"{flow}/{name}").id: flow
                    for flow in ("run-migrations", "migrate-resource")}  # fmt: skip
             runs = [r for r in client.read_flow_runs(limit=200) if f"cluster:{name}" in r.tags]
@@ -180,6 +176,6 @@ def run_on_an_added_cluster(stack: PrefectStack, name: str, tmp_path: Path, wait
         removed = subprocess.run(["storage-migrator", "fleet", "remove", name], env=stack.env, capture_output=True,
                                  text=True, timeout=120)  # fmt: skip
         assert removed.returncode == 0, removed.stderr
-        with SyncPrefectClient(api=stack.api_url) as client:
+        with stack.client() as client:
             left = [d.name for d in client.read_deployments() if f"cluster:{name}" in (d.tags or [])]
         assert left == []

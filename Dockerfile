@@ -46,4 +46,6 @@ RUN uv sync --frozen --no-dev --no-cache \
 # Numeric, so that runAsNonRoot can verify it.
 USER 10001:10001
 
-CMD ["prefect", "worker", "start", "--pool", "storage-migrator-kubernetes", "--type", "kubernetes"]
+# The check first, as deployments/worker/ runs it: a missing auth string is one line naming
+# PREFECT_API_AUTH_STRING, not the worker's stack trace.
+CMD ["sh", "-c", "storage-migrator check-prefect && exec prefect worker start --pool storage-migrator-kubernetes --type kubernetes"]

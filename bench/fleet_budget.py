@@ -170,20 +170,16 @@ def install_crds(kubeconfig: str) -> None:
 
 def save_blocks(stack: PrefectStack, sims: dict[str, KubesimProcess]) -> None:
     """A KubernetesClusterConfig block per cluster, on the stack's server."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect_kubernetes.credentials import KubernetesClusterConfig
 
-    with temporary_settings(updates={PREFECT_API_URL: stack.api_url}):
+    with stack.settings():
         for c, sim in sims.items():
             KubernetesClusterConfig.from_file(Path(sim.kubeconfig)).save(BLOCKS[c], overwrite=True)
 
 
 def limits(stack: PrefectStack) -> str:
     """The write budgets on the server (name and writes/s), as the runs left them."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    with temporary_settings(updates={PREFECT_API_URL: stack.api_url}), get_client(sync_client=True) as client:
+    with stack.client() as client:
         found = client.read_global_concurrency_limits(limit=200)
     return ", ".join(f"{g.name} {g.slot_decay_per_second:g}/s" for g in sorted(found, key=lambda g: g.name)
                      if g.name.startswith(BUDGET_LIMIT) and not g.name.endswith("-writers"))  # fmt: skip

@@ -109,11 +109,10 @@ def follow(worker_pid: int, trace: Trace, stop: threading.Event) -> None:
 
 def one_run(stack: PrefectStack, worker_pid: int) -> tuple[float, float]:
     """One `migrate-resource` run: (CPU from its process's start to its first task, CPU in all)."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import TaskRunSort
 
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         deployment = client.read_deployment_by_name("migrate-resource/migrate-resource")
         run = client.create_flow_run_from_deployment(deployment.id, parameters={"resource": "configmaps"})
         trace, stop = Trace(flow_run_id=str(run.id)), threading.Event()
@@ -140,10 +139,9 @@ def one_run(stack: PrefectStack, worker_pid: int) -> tuple[float, float]:
 
 
 def set_command(stack: PrefectStack, command: str) -> None:
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.actions import DeploymentUpdate
 
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         deployment = client.read_deployment_by_name("migrate-resource/migrate-resource")
         variables = {**(deployment.job_variables or {}), "command": command}
         client.update_deployment(deployment.id, DeploymentUpdate(job_variables=variables))

@@ -9,6 +9,10 @@ documented choice for a shared server (issue 13), has no such lock. The rest is 
 recipe: the server a subprocess on a free port, this process's settings pointed at it
 (tasks never cache), Prefect's log and event workers drained before it stops.
 
+The server asks for an auth string, as every server we start does (issue 30; devstack): this
+process's settings carry it (PREFECT_API_AUTH_STRING), and so does its environment, which the
+tests' own subprocesses (`prefect deploy`, the CLI, flows in processes of their own) inherit.
+
 The flows run here send no heartbeats: Prefect 3.9 gives every flow run a heartbeat thread
 that sleeps in steps of a second and is joined when the run ends, so each flow called
 in-process took a second at least (12 polls of one test: 7.5 of its 11.9 s). Nothing in
@@ -23,31 +27,42 @@ import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from devstack import free_port
+from devstack import CLIENT_AUTH_SETTING, free_port, new_auth_string
 
 
 @contextmanager
 def prefect_server(database_url: str, *, timeout: int = 180) -> Iterator[str]:
-    """A Prefect server on `database_url` (SQLAlchemy, asyncpg) for this process; yields its API URL."""
+    """A Prefect server on `database_url` (SQLAlchemy, asyncpg) for this process, asking for a new
+    auth string (which this process's settings and environment carry); yields its API URL."""
     import prefect.context
     from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.settings import (
+        PREFECT_API_AUTH_STRING,
         PREFECT_API_URL,
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_API_AUTH_STRING,
         PREFECT_SERVER_DATABASE_CONNECTION_URL,
         temporary_settings,
     )
     from prefect.utilities.asyncutils import run_coro_as_sync
 
     os.environ["PREFECT_TASKS_DEFAULT_NO_CACHE"] = "true"
+    auth_string = new_auth_string()
+    prior_auth = os.environ.get(CLIENT_AUTH_SETTING)
+    os.environ[CLIENT_AUTH_SETTING] = auth_string
     with ExitStack() as stack:
-        stack.enter_context(temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url}))
+        stack.callback(_restore_env, CLIENT_AUTH_SETTING, prior_auth)
+        stack.enter_context(temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: database_url,
+                                                        PREFECT_API_AUTH_STRING: auth_string}))  # fmt: skip
         server = SubprocessASGIServer(port=free_port())
         # Flows that would start a temporary server of their own find this one (as the harness does).
         prior = SubprocessASGIServer._instances.get(None)
         SubprocessASGIServer._instances[None] = server
-        server.start(timeout=timeout)
+        # The server's subprocess takes this process's settings (SubprocessASGIServer): the server's
+        # string only while it starts, as no client holds it (a worker passes its settings to its runs).
+        with temporary_settings(updates={PREFECT_SERVER_API_AUTH_STRING: auth_string}):
+            server.start(timeout=timeout)
         try:
             stack.enter_context(temporary_settings(updates={PREFECT_API_URL: server.api_url,
                                                             PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}))  # fmt: skip
@@ -77,3 +92,10 @@ def prefect_server(database_url: str, *, timeout: int = 180) -> Iterator[str]:
                 SubprocessASGIServer._instances[None] = prior
             else:
                 SubprocessASGIServer._instances.pop(None, None)
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

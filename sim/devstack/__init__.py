@@ -4,14 +4,24 @@ devstack.ui), the project's deployments from `prefect.yaml`, and process workers
 pointed at a cluster (one, or several on the same pool to show scale-out; one can
 be killed as a machine dies).
 
+The server asks for an auth string (issue 30: Prefect's basic auth), one made for each
+stack: without it whoever reaches the port reads every cluster's credentials from the
+block documents. The server gets it as PREFECT_SERVER_API_AUTH_STRING; every client this
+stack starts (workers, `prefect deploy`, flow runs, the CLI) as PREFECT_API_AUTH_STRING,
+through `env`; tests and benchmarks call the API through `api`, `client` and `settings`.
+`/api/health` stays open (the start waits on it).
+
 Not product code (the product runs against whatever Prefect server and cluster
 the operator has); it drives the same `prefect` commands an operator types.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -19,14 +29,35 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from devstack.ui import ui_server_settings, wait_for_ui
+
+if TYPE_CHECKING:
+    from prefect.client.orchestration import SyncPrefectClient
 
 #: The project's root (prefect.yaml, flows/): devstack lives in sim/devstack/ of it, installed
 #: editable by the dev group, so its file is still in the checkout.
 REPO = Path(__file__).resolve().parents[2]
 POOL = "storage-migrator-local"
+#: The user of the auth strings a stack makes (Prefect's basic auth string is `user:password`).
+AUTH_USER = "admin"
+#: The settings of Prefect's basic auth: the server's, and every client's.
+SERVER_AUTH_SETTING = "PREFECT_SERVER_API_AUTH_STRING"
+CLIENT_AUTH_SETTING = "PREFECT_API_AUTH_STRING"
+
+
+def new_auth_string() -> str:
+    """`admin:<32 random URL-safe characters>`: for one stack's server, never reused."""
+    return f"{AUTH_USER}:{secrets.token_urlsafe(24)}"
+
+
+def basic_auth_header(auth_string: str) -> dict[str, str]:
+    """The header Prefect's client sends for PREFECT_API_AUTH_STRING (prefect.client.orchestration:
+    `Basic` and the string in base64, user and password as one)."""
+    return {"Authorization": "Basic " + base64.b64encode(auth_string.encode()).decode()}
 
 
 def free_port() -> int:
@@ -87,7 +118,12 @@ def _prefect() -> list[str]:
 
 
 class PrefectStack:
-    """`prefect server start` + work pool + `prefect deploy --all` + `prefect worker start`."""
+    """`prefect server start` + work pool + `prefect deploy --all` + `prefect worker start`.
+
+    `auth_string`: the server's basic auth string (`user:password`); by default one made for
+    this stack (`new_auth_string`). `auth=False` starts a server that asks no one for anything,
+    as Prefect does by default; nothing of ours needs one (issue 30).
+    """
 
     def __init__(
         self,
@@ -96,6 +132,8 @@ class PrefectStack:
         port: int | None = None,
         worker_env: dict[str, str] | None = None,
         server_env: dict[str, str] | None = None,
+        auth_string: str | None = None,
+        auth: bool = True,
     ) -> None:
         self.home = home
         self.port = port or free_port()
@@ -103,12 +141,17 @@ class PrefectStack:
         self.ui_url = f"http://127.0.0.1:{self.port}"
         self.worker_env = worker_env or {}
         self.server_env = server_env or {}
+        if auth_string is not None and ":" not in auth_string:
+            raise ValueError("an auth string is user:password")
+        self.auth_string: str | None = (auth_string or new_auth_string()) if auth else None
         self._server: subprocess.Popen[bytes] | None = None
         self._workers: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
     def env(self) -> dict[str, str]:
-        return {
+        """The environment of every client process of this stack: its API and its auth string
+        (none from the caller's environment: this stack's, or none when its server asks for none)."""
+        env = {
             **os.environ,
             "PREFECT_HOME": str(self.home),
             "PREFECT_API_URL": self.api_url,
@@ -116,6 +159,42 @@ class PrefectStack:
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_TASKS_DEFAULT_NO_CACHE": "true",
         }
+        env.pop(SERVER_AUTH_SETTING, None)
+        env.pop(CLIENT_AUTH_SETTING, None)
+        if self.auth_string:
+            env[CLIENT_AUTH_SETTING] = self.auth_string
+        return env
+
+    @property
+    def auth_header(self) -> dict[str, str]:
+        """The `Authorization` header of this stack's API (none when its server asks for none)."""
+        return basic_auth_header(self.auth_string) if self.auth_string else {}
+
+    def api(self, path: str, body: Any = None, *, method: str | None = None, timeout: float = 30) -> Any:
+        """One call of this stack's API with its auth string: GET `path` (under /api), or POST `body`
+        as JSON; the answer decoded (None when empty). An error status raises urllib's HTTPError."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"{self.api_url}{path}", data=data, method=method,
+                                         headers={"Content-Type": "application/json", **self.auth_header})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read() or b"null")
+
+    def client(self) -> SyncPrefectClient:
+        """Prefect's synchronous client of this stack's API, with its auth string (use it in `with`)."""
+        from prefect.client.orchestration import SyncPrefectClient
+
+        return SyncPrefectClient(api=self.api_url, auth_string=self.auth_string)
+
+    @contextlib.contextmanager
+    def settings(self) -> Iterator[None]:
+        """This process's Prefect settings pointed at this stack (API and auth string) inside the block:
+        for code that reaches Prefect through `get_client()` or runs flows in this process."""
+        from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+
+        auth = {PREFECT_API_AUTH_STRING: self.auth_string} if self.auth_string else {}
+        with temporary_settings(updates={PREFECT_API_URL: self.api_url, **auth},
+                                restore_defaults=[] if auth else [PREFECT_API_AUTH_STRING]):  # fmt: skip
+            yield
 
     def _log(self, name: str) -> int:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -129,11 +208,14 @@ class PrefectStack:
         return done.stdout
 
     def start_server(self, *, timeout: float = 120) -> None:
-        """`prefect server start` on this stack's port; returns once its API is healthy and
-        its UI answers with this API's address (devstack.ui: issue 23)."""
+        """`prefect server start` on this stack's port, asking for this stack's auth string;
+        returns once its API is healthy (`/api/health` asks for nothing) and its UI answers
+        with this API's address (devstack.ui: issue 23)."""
         log = self._log("server")
         server_env = {**self.env, **ui_server_settings(host="127.0.0.1", port=self.port), **self.server_env}
         server_env.pop("PREFECT_API_URL")
+        if self.auth_string:
+            server_env[SERVER_AUTH_SETTING] = self.auth_string
         self._server = subprocess.Popen(
             [*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
             cwd=REPO, env=server_env, stdout=log, stderr=log,

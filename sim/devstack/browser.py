@@ -6,6 +6,11 @@ Playwright cannot download its own browser build here (no network but the
 package registries), so it launches the system's: `executable_path` names it.
 Used by the UI tests (tests/e2e/test_ui.py) and the documentation's screenshots
 (scripts/ui-screenshots.sh).
+
+A server with an auth string (every one devstack starts: issue 30) answers every page
+with a login form first; `log_in` fills it as a person does. Both of Prefect's UIs (the
+classic one under `/`, the new one under `/v2`) keep what was entered in the browser's
+storage for the server's address, so a browser context logs in once.
 """
 
 from __future__ import annotations
@@ -15,14 +20,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from playwright.sync_api import Browser, BrowserContext, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
-__all__ = ["CHROMIUM", "VIEWPORT", "chromium_executable", "headless_chromium", "new_context"]
+__all__ = ["CHROMIUM", "LOGIN_PLACEHOLDER", "VIEWPORT", "chromium_executable", "headless_chromium", "log_in",
+           "new_context"]  # fmt: skip
 
 #: Debian's wrapper script; `PATH` is searched when it is not there.
 CHROMIUM = "/usr/bin/chromium"
 #: The window the pages are drawn in, and the documentation's screenshots' size.
 VIEWPORT = {"width": 1400, "height": 900}
+#: What the login form's one field shows before anything is typed (Prefect 3.9, both UIs).
+LOGIN_PLACEHOLDER = "admin:pass"
 
 
 def chromium_executable() -> str | None:
@@ -61,3 +69,13 @@ def new_context(browser: Browser, *, timeout: float) -> BrowserContext:
     context.set_default_timeout(timeout * 1000)
     context.set_default_navigation_timeout(timeout * 1000)
     return context
+
+
+def log_in(page: Page, auth_string: str) -> None:
+    """On the login form the UI shows (any page of a server that asks for an auth string): type the
+    string, press Login, and return once the UI has left the form for the page it was asked for.
+    The page's default timeout bounds each wait."""
+    field = page.get_by_placeholder(LOGIN_PLACEHOLDER)
+    field.fill(auth_string)
+    page.get_by_role("button", name="Login").click()
+    field.wait_for(state="detached")

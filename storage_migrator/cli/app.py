@@ -5,8 +5,8 @@ Design decision: typer + rich, Prefect's own CLI stack. One module per command
 docstring is its help); adding a command is that module, imported and registered below.
 A group of commands (``fleet``) is a module with a typer ``app`` of its own, added below.
 A command ends with ``typer.Exit(code)`` when it fails; ``main`` returns the
-exit code, maps what the access layer raises to exit 1 with the error on
-stderr, and leaves usage errors to typer (exit 2, as argparse did).
+exit code, maps what the access layer raises, and the Prefect API's refusal
+(cli/prefect_api.py), to exit 1 with the error on stderr, and leaves usage errors to typer (exit 2, as argparse did).
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Annotated
 
 import typer
 
-from storage_migrator.cli import discover, fleet, history, metrics, plan, rbac, status, verify_etcd
+from storage_migrator.cli import check_prefect, discover, fleet, history, metrics, plan, rbac, status, verify_etcd
 from storage_migrator.cli.options import GlobalOptions
+from storage_migrator.cli.prefect_api import PrefectApiError
 from storage_migrator.kube.connection import ConnectionConfigError
 from storage_migrator.kube.errors import KubeError
 
@@ -53,6 +54,7 @@ app.command("plan")(plan.command)
 app.command("rbac")(rbac.command)
 app.command("history")(history.command)
 app.command("metrics")(metrics.command)
+app.command("check-prefect")(check_prefect.command)
 app.add_typer(fleet.app, name="fleet")
 
 
@@ -63,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         app(args=args, prog_name="storage-migrator")
     except SystemExit as exc:  # typer ends every run so, 0 included
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-    except (KubeError, ConnectionConfigError) as exc:
+    except (KubeError, ConnectionConfigError, PrefectApiError) as exc:
         print(f"storage-migrator: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -6,9 +6,9 @@ either option a command is about the default cluster only, as before there
 were names. The Prefect workspace is read here and nowhere else below the
 flows (pyproject's import-linter contract): the block a named cluster is
 reached through, and the clusters recorded by their first run (the Variables
-``storage-migrator-cluster-<name>``, tasks/cluster_identity.py). Prefect is
-imported inside the functions: it is slow to import, and most commands never
-need it.
+``storage-migrator-cluster-<name>``, tasks/cluster_identity.py); a refusal of the
+Prefect API is said as cli/prefect_api.py says it (issue 30). Prefect is imported
+inside the functions: it is slow to import, and most commands never need it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from kubernetes.client import ApiClient
 from pydantic import BaseModel, ConfigDict
 
 from storage_migrator.cli.options import GlobalOptions, kube_api, settings_of
+from storage_migrator.cli.prefect_api import prefect_client, prefect_failure
 from storage_migrator.fleet.names import DEFAULT_CLUSTER, identity_variable
 from storage_migrator.kube.connection import ConnectionConfigError, api_client_from_config_dict, closing_client
 from storage_migrator.settings import Settings
@@ -98,8 +99,9 @@ def block_client(name: str, settings: Settings) -> ApiClient:
             f"mode, create it with KubernetesClusterConfig.from_file(PATH).save({name!r})"
         ) from exc
     except Exception as exc:  # the Prefect API itself: unreachable, refused
-        raise ConnectionConfigError(f"cluster {name!r}: its KubernetesClusterConfig block could not be read from "
-                                    f"the Prefect API ({type(exc).__name__}: {exc})") from exc  # fmt: skip
+        why = prefect_failure(exc) or f"the Prefect API failed ({type(exc).__name__}: {exc})"
+        raise ConnectionConfigError(f"cluster {name!r}: its KubernetesClusterConfig block could not be read: "
+                                    f"{why}") from exc  # fmt: skip
     return api_client_from_config_dict(block.config, context=block.context_name, settings=settings,
                                        source=f"KubernetesClusterConfig block {name!r}")  # fmt: skip
 
@@ -117,11 +119,9 @@ def recorded_clusters() -> list[str]:
 
     Raises ConnectionConfigError when the Prefect API cannot be read (the default cluster is still known).
     """
-    from prefect.client.orchestration import get_client
-
     names: set[str] = set()
     try:
-        with get_client(sync_client=True) as client:
+        with prefect_client() as client:
             offset = 0
             while True:
                 body: dict[str, Any] = {"variables": {"name": {"like_": f"{_IDENTITY_PREFIX}%"}},
@@ -132,8 +132,9 @@ def recorded_clusters() -> list[str]:
                     break
                 offset += _PAGE
     except Exception as exc:
-        raise ConnectionConfigError(f"the clusters recorded in the Prefect workspace could not be read "
-                                    f"({type(exc).__name__}: {exc}); is PREFECT_API_URL set?") from exc  # fmt: skip
+        why = prefect_failure(exc) or f"{type(exc).__name__}: {exc}; is PREFECT_API_URL set?"
+        raise ConnectionConfigError(f"the clusters recorded in the Prefect workspace could not be read: "
+                                    f"{why}") from exc  # fmt: skip
     names.discard("")
     names.discard(DEFAULT_CLUSTER)
     return [DEFAULT_CLUSTER, *sorted(names)]

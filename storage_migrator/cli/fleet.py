@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
+from storage_migrator.cli.prefect_api import prefect_client
 from storage_migrator.fleet.deployments import (
     FLEET_FLOWS,
     DeploymentSpec,
@@ -84,13 +85,12 @@ def _prefect() -> Iterator[SyncPrefectClient]:
     Never Prefect's ephemeral server (what the client starts with no URL): a fleet lives on a shared one.
     """
     import httpx
-    from prefect.client.orchestration import get_client
 
     if not _api_url():
         _fail("PREFECT_API_URL is not set: point it at the Prefect server the workers use "
               "(export PREFECT_API_URL=http://HOST:4200/api)")  # fmt: skip
     try:
-        with get_client(sync_client=True) as client:
+        with prefect_client() as client:  # a 401: PrefectApiError, which names the setting (issue 30)
             yield client
     except httpx.HTTPError as exc:
         _fail(f"the Prefect API at {_api_url()} failed: {exc}")

@@ -15,20 +15,17 @@ DETECTION = "detect-storage-changes/detect-storage-changes"
 
 def paused_detection(stack: PrefectStack) -> None:
     """The detection schedule paused (its auto-scheduled runs deleted with it)."""
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         client.pause_deployment(client.read_deployment_by_name(DETECTION).id)
 
 
 def runs_under_way(stack: PrefectStack) -> list[str]:
     """Flow runs of the server that are due and not yet at an end (a schedule's later runs are not due)."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
 
     busy = [StateType.SCHEDULED, StateType.PENDING, StateType.RUNNING, StateType.CANCELLING]
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
             type=FlowRunFilterStateType(any_=busy))))  # fmt: skip
     now = datetime.now(UTC)
@@ -38,8 +35,7 @@ def runs_under_way(stack: PrefectStack) -> list[str]:
 
 def flow_runs(stack: PrefectStack, *, limit: int = 200) -> list[Any]:
     """The server's latest flow runs, newest first."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.sorting import FlowRunSort
 
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         return list(client.read_flow_runs(limit=limit, sort=FlowRunSort.EXPECTED_START_TIME_DESC))

@@ -20,13 +20,11 @@ its own, in this order: the first two restart the server they killed, the last l
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -147,8 +145,7 @@ def start_run(stack: PrefectStack, kubesim: Kubesim, log: Path, *, budget: str,
 
 def writers_counted(stack: PrefectStack, budget: str) -> int:
     """The writers the budget's counter counts (`<budget>-writers`'s active slots), read from the server."""
-    with urllib.request.urlopen(f"{stack.api_url}/v2/concurrency_limits/{budget}-writers", timeout=30) as resp:
-        return int(json.loads(resp.read())["active_slots"])
+    return int(stack.api(f"/v2/concurrency_limits/{budget}-writers")["active_slots"])
 
 
 @pytest.fixture(scope="module")
@@ -265,11 +262,8 @@ def test_two_runs_wait_out_a_server_outage_and_finish_within_the_budget(
 
 
 def api_call(stack: PrefectStack, path: str, body: dict[str, Any] | None = None) -> Any:
-    """One call of the stack's Prefect API (GET, or POST with `body`)."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(f"{stack.api_url}{path}", data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read() or b"null")
+    """One call of the stack's Prefect API (GET, or POST with `body`), with its auth string."""
+    return stack.api(path, body)
 
 
 def run_state(stack: PrefectStack, run_id: str) -> str | None:

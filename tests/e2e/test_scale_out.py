@@ -90,10 +90,9 @@ def stack(deployed_stack: PrefectStack, kubesim: Any, clean_slate: Any, wait_for
 
 
 def remove_budget(stack: PrefectStack) -> None:
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.exceptions import ObjectNotFound
 
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         for name in (BUDGET, f"{BUDGET}-writers"):
             with contextlib.suppress(ObjectNotFound):
                 client.delete_global_concurrency_limit_by_name(name)
@@ -101,10 +100,9 @@ def remove_budget(stack: PrefectStack) -> None:
 
 def move_deployments(stack: PrefectStack, *, dispatch: str, migrations: str) -> None:
     """run-migrations and migrate-resource on these queues of the pool."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.actions import DeploymentUpdate
 
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         for name, queue in (
             ("run-migrations/run-migrations", dispatch),
             ("migrate-resource/migrate-resource", migrations),
@@ -238,11 +236,10 @@ def prepare(stack: PrefectStack, kubesim: Any, namespace: str) -> tuple[dict[str
 
 def history(stack: PrefectStack) -> dict[str, Any]:
     """The flow runs the two workers took (their logs name them), by id."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     taken = [UUID(run) for worker in WORKERS for run in submitted(stack, worker)]
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=taken))) if taken else []
     return {str(r.id): r for r in runs}
 
@@ -250,12 +247,11 @@ def history(stack: PrefectStack) -> dict[str, Any]:
 def explain_runs(stack: PrefectStack, crash: Crash) -> str:
     """Every run of the killed migrations (which worker took it, its states) and what the dispatchers
     logged about them: what a failure needs to say which run was left, and why."""
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.sorting import LogSort
 
     takers = {run: worker for worker in WORKERS for run in submitted(stack, worker)}
     lines = [f"killed at {crash.at.isoformat()} (migrations {crash.migrations}, beta's runs {crash.runs})"]
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         for run in history(stack).values():
             if migration_of(run) in crash.migrations:
                 states = client.read_flow_run_states(run.id)
@@ -359,8 +355,6 @@ def assert_resumed(kubesim: Any, ours: Any, names: dict[str, str], totals: dict[
 def test_two_workers_share_the_work_the_budget_and_a_crash(
     stack: PrefectStack, kubesim: Any, namespace: str, wait_for: Any
 ) -> None:
-    from prefect.client.orchestration import SyncPrefectClient
-
     totals, names = prepare(stack, kubesim, namespace)
     ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
     kubesim.admin.reset_counters()
@@ -389,7 +383,7 @@ def test_two_workers_share_the_work_the_budget_and_a_crash(
         runs = wait_for(killed_runs_final, timeout=300, what="the killed runs to end in a final state")
     except pytest.fail.Exception as exc:
         pytest.fail(f"{exc}: {explain_runs(stack, crash)}")
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         budget = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
 
     assert_ran_at_once_on_both_workers(stack, runs, samples, crash)

@@ -39,12 +39,11 @@ RUN_SECONDS = 420
 def test_the_deployed_schedule_polls_every_ten_minutes_and_the_scheduler_fires_it(
     deployed_stack: PrefectStack, kubesim: Any, clean_slate: Any, wait_for: Any
 ) -> None:
-    from prefect.client.orchestration import SyncPrefectClient
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.client.schemas.schedules import IntervalSchedule
 
     stack = deployed_stack
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         deployment = client.read_deployment_by_name(DETECTION)
         [schedule] = deployment.schedules
         assert schedule.schedule.interval == timedelta(minutes=10) and schedule.active, schedule
@@ -68,7 +67,7 @@ def test_the_deployed_schedule_polls_every_ten_minutes_and_the_scheduler_fires_i
 
         def scheduled_runs() -> list[Any]:
             """The deployment's runs the scheduler created (none by hand: `auto_scheduled`)."""
-            with SyncPrefectClient(api=stack.api_url) as client:
+            with stack.client() as client:
                 runs = client.read_flow_runs(
                     deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
                 )
@@ -81,7 +80,7 @@ def test_the_deployed_schedule_polls_every_ten_minutes_and_the_scheduler_fires_i
                          timeout=RUN_SECONDS, what=f"the scheduled poll {run.name} to end")  # fmt: skip
     finally:
         paused_detection(stack)
-        with SyncPrefectClient(api=stack.api_url) as client:
+        with stack.client() as client:
             client.update_deployment_schedule(deployment.id, schedule.id, schedule=schedule.schedule,
                                               parameters=schedule.parameters)  # fmt: skip
         # A later poll the worker had already taken ends before the cluster is wiped (clean_slate).
@@ -101,7 +100,5 @@ def test_the_deployed_schedule_polls_every_ten_minutes_and_the_scheduler_fires_i
 
 
 def _read(stack: PrefectStack, run_id: Any) -> Any:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         return client.read_flow_run(run_id)

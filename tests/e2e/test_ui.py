@@ -6,7 +6,9 @@ project's deployments ran on it: a migration that succeeds, one that fails on an
 object a webhook rejects, and a guided key rotation that pauses for its form. Each
 test asserts on text visible on a page, as a person reads it; the UI is a
 single-page app that loads its data after it renders, so every wait is for text,
-with generous timeouts, never for time.
+with generous timeouts, never for time. The server asks for its auth string (issue 30):
+the browser enters it in the UI's login form once, as an operator does, and the first
+test shows the form, a wrong string refused and the right one let in.
 
 On failure the page is saved as a screenshot under `test-artifacts/ui/` (the path
 is printed). `UI_SCREENSHOTS_DIR=docs/img` also saves the pages that
@@ -28,11 +30,11 @@ from uuid import UUID
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from playwright.sync_api import BrowserContext, Locator, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from devstack import REPO, PrefectStack
-from devstack.browser import chromium_executable, headless_chromium, new_context
+from devstack.browser import LOGIN_PLACEHOLDER, chromium_executable, headless_chromium, log_in, new_context
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import read_migration
 from storage_migrator.settings import Settings
@@ -88,9 +90,7 @@ class Ran:
 def start(stack: PrefectStack, *runs: tuple[str, dict[str, Any]]) -> list[str]:
     """`prefect deployment run DEPLOYMENT -p ...` for each (deployment, parameters), through the
     client (a CLI process costs seconds); the runs' ids."""
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         return [str(client.create_flow_run_from_deployment(client.read_deployment_by_name(name).id,
                                                            parameters=parameters).id)
                 for name, parameters in runs]  # fmt: skip
@@ -98,9 +98,7 @@ def start(stack: PrefectStack, *runs: tuple[str, dict[str, Any]]) -> list[str]:
 
 def _ended(stack: PrefectStack, run_id: str) -> Any:
     """The flow run once it has ended or paused, else None."""
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         run = client.read_flow_run(UUID(run_id))
     return run if run.state and (run.state.is_final() or run.state.is_paused()) else None
 
@@ -135,9 +133,7 @@ def wait_until(predicate: Callable[[], Any], *, what: str, timeout: float, seen:
 
 
 def runs_seen(stack: PrefectStack) -> str:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         runs = client.read_flow_runs(limit=50)
     return "; ".join(f"{r.name} {r.state.name if r.state else '?'}" for r in runs)
 
@@ -206,15 +202,26 @@ def ran(started: Started, kubesim_session: Any) -> Iterator[Ran]:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[BrowserContext]:
-    """One browser for the module, as one operator's: the UI's scripts are loaded once."""
+def chromium() -> Iterator[Browser]:
     if chromium_executable() is None:
         pytest.fail("chromium is not installed: run scripts/bootstrap.sh (it installs Debian's chromium)")
     expect.set_options(timeout=PAGE_SECONDS * 1000)  # assertions wait as long as actions (default 5 s)
-    with headless_chromium() as chromium:
-        context = new_context(chromium, timeout=PAGE_SECONDS)
-        yield context
-        context.close()
+    with headless_chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: Browser, deployed_stack: PrefectStack) -> Iterator[BrowserContext]:
+    """One browser for the module, as one operator's: the UI's scripts are loaded once, and the
+    server's auth string entered once in its login form (both UIs keep it for the address)."""
+    context = new_context(chromium, timeout=PAGE_SECONDS)
+    page = context.new_page()
+    page.goto(deployed_stack.ui_url)
+    assert deployed_stack.auth_string, "the e2e server asks for an auth string (issue 30)"
+    log_in(page, deployed_stack.auth_string)
+    page.close()
+    yield context
+    context.close()
 
 
 @pytest.fixture
@@ -271,6 +278,30 @@ def no_connection_error(page: Page) -> None:
     """Issue 23: on any port but 4200 every page said this (asked after the page showed API data)."""
     expect(page.get_by_text("Can't connect to Server API")).to_have_count(0)
     expect(page.get_by_text("Something went wrong")).to_have_count(0)
+
+
+def test_the_ui_asks_for_the_auth_string_and_opens_with_it(deployed_stack: PrefectStack, chromium: Browser) -> None:
+    """Issue 30: "the Prefect UI [the demo] prints asks for the string". A first visit (a browser
+    of its own) meets the login form instead of the page; a wrong string is refused there; the
+    server's string opens the page that was asked for, with the API's data."""
+    stack = deployed_stack
+    context = new_context(chromium, timeout=PAGE_SECONDS)
+    try:
+        page = context.new_page()
+        page.goto(f"{stack.ui_url}/v2/deployments")
+        field = visible(page.get_by_placeholder(LOGIN_PLACEHOLDER))
+        expect(page.get_by_text("detect-storage-changes")).to_have_count(0)
+        document(page, "login")  # before anything is typed: the string is never in a picture
+        field.fill("admin:not-the-string")
+        page.get_by_role("button", name="Login").click()
+        text(page, "Invalid credentials")
+        assert stack.auth_string
+        log_in(page, stack.auth_string)
+        text(page, "detect-storage-changes")
+        expect(page).to_have_url(re.compile(r"/v2/deployments"))
+        no_connection_error(page)
+    finally:
+        context.close()
 
 
 def test_the_deployments_page_shows_detection_every_ten_minutes(started: Started, page: Page) -> None:

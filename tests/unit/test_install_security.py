@@ -41,10 +41,24 @@ def test_the_worker_runs_as_non_root_with_its_own_namespaced_role(install: dict[
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert container["command"] + container["args"] == [
-        "prefect", "worker", "start", "--pool", "$(PREFECT_WORK_POOL)", "--type", "kubernetes", "--with-healthcheck",
+    # Issue 30: the check of the Prefect API first (one line naming the missing setting), then the worker.
+    assert container["command"] == [
+        "sh", "-c", 'storage-migrator check-prefect && exec prefect worker start "$@"', "prefect-worker",
+    ]  # fmt: skip
+    assert container["args"] == [
+        "--pool", "$(PREFECT_WORK_POOL)", "--type", "kubernetes", "--with-healthcheck",
         "--base-job-template", "/etc/storage-migrator/work-pool/kubernetes.json",
     ]  # fmt: skip
+    # The server's auth string from a Secret (issue 30), optional as the API key: a server without
+    # one needs none. The Jobs get a secretKeyRef to the same Secret and key (config.yaml).
+    env = {e["name"]: e for e in container["env"]}
+    assert env["PREFECT_API_AUTH_STRING"]["valueFrom"] == {
+        "secretKeyRef": {"name": "prefect-api-auth", "key": "auth-string", "optional": True}}  # fmt: skip
+    settings = install[("ConfigMap", "prefect-worker")]["data"]
+    assert (settings["PREFECT_INTEGRATIONS_KUBERNETES_WORKER_API_AUTH_STRING_SECRET_NAME"],
+            settings["PREFECT_INTEGRATIONS_KUBERNETES_WORKER_API_AUTH_STRING_SECRET_KEY"]) == (
+        "prefect-api-auth", "auth-string")  # fmt: skip
+    assert not any("AUTH_STRING" in name for name in settings if not name.endswith(("_SECRET_NAME", "_SECRET_KEY")))
     # A pool the worker creates gets our job template (namespace, ServiceAccount), not the
     # default one, whichever comes first: the worker or `prefect work-pool create`.
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/storage-migrator/work-pool"]

@@ -148,18 +148,14 @@ def _join(stack: PrefectStack, name: str, cluster: Cluster, tmp_path: Path) -> M
 
 def run_deployment(stack: PrefectStack, name: str, parameters: dict[str, Any] | None = None) -> str:
     """A flow run of deployment `name` (FLOW/DEPLOYMENT), as `prefect deployment run` makes it; its id."""
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         deployment = client.read_deployment_by_name(name)
         return str(client.create_flow_run_from_deployment(deployment.id, parameters=parameters or {}).id)
 
 
 def final_state(stack: PrefectStack, run_id: str) -> Any:
     """The run's state once final, else None."""
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         state = client.read_flow_run(uuid.UUID(run_id)).state
     return state if state is not None and state.is_final() else None
 
@@ -167,8 +163,6 @@ def final_state(stack: PrefectStack, run_id: str) -> Any:
 def test_each_cluster_is_served_by_its_own_worker_and_the_server_holds_no_credential(
     stack: PrefectStack, stack_postgres: Postgres, fleet: dict[str, Member], wait_for: Any
 ) -> None:
-    from prefect.client.orchestration import SyncPrefectClient
-
     a, b = (fleet[n] for n in sorted(fleet))
 
     # "A flow run for cluster B, sent to A's pool, fails before writing, and A's etcd is unchanged."
@@ -189,7 +183,7 @@ def test_each_cluster_is_served_by_its_own_worker_and_the_server_holds_no_creden
         assert final_state(stack, polls[member.name]).is_completed()
         assert member.etcd(b"/registry/migration.k8s.io/storagestates/"), f"{member.name}'s StorageStates"
     wait_for(lambda: not runs_under_way(stack), what="every run of the polls to end")
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         for member in (a, b):  # the poll, its dispatcher and the migration: each on the cluster's own deployment
             own = {client.read_deployment_by_name(f"{flow}/{member.name}").id
                    for flow in ("detect-storage-changes", "run-migrations", "migrate-resource")}  # fmt: skip
@@ -205,7 +199,7 @@ def test_each_cluster_is_served_by_its_own_worker_and_the_server_holds_no_creden
     assert state.is_completed(), state.message
     for member in (a, b):
         assert member.encrypted_with() == dict.fromkeys(SECRETS, "key2"), member.name
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         runs = client.read_flow_runs(limit=200)
         children = {m.name: [r for r in runs if r.deployment_id == client.read_deployment_by_name(
             f"rotate-encryption-key/{m.name}").id] for m in (a, b)}  # fmt: skip

@@ -230,3 +230,6 @@ def test_a_flow_run_job_reads_the_auth_string_from_the_secret_never_carries_it(
         "name": worker_ref["name"], "key": worker_ref["key"]}}}  # fmt: skip
     assert auth_string not in json.dumps(job), [e for e in container["env"] if auth_string in json.dumps(e)]
     assert container["image"] == IMAGE and "PREFECT_API_URL" in {e["name"] for e in container["env"]}
+    # Issue 30, pull mode: the Job says which cluster it is for from a ConfigMap in its own cluster
+    # (deployments/worker/cluster.yaml), never from the Prefect server.
+    assert container["envFrom"] == [{"configMapRef": {"name": "storage-migrator-cluster", "optional": True}}]

@@ -74,6 +74,8 @@ def test_kustomize_renders_the_install_and_crds_plus_rbac_are_the_process_pool_c
         ("Role", "prefect-worker"),
         ("RoleBinding", "prefect-worker"),
         ("ConfigMap", "prefect-worker"),
+        # Issue 30: the cluster's name in pull mode, which its flow-run Jobs read (empty: one cluster).
+        ("ConfigMap", "storage-migrator-cluster"),
         ("Deployment", "prefect-worker"),
     }
     # The pool's job template, for the worker to create the pool with (name + kustomize's content hash).

@@ -67,9 +67,7 @@ def test_migrate_resource_deployment_runs_and_is_in_the_history(
     assert "resource:configmaps" in run.tags and f"migration:{migration.metadata.name}" in run.tags
     # DESIGN 4.5: writes share one budget: its rate is the limit's slot decay, and each
     # running migration holds one writer's lease, released when the run ends.
-    from prefect.client.orchestration import SyncPrefectClient
-
-    with SyncPrefectClient(api=stack.api_url) as client:
+    with stack.client() as client:
         limit = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
         writers = client.read_global_concurrency_limit_by_name("storage-migrator-writes-writers")
     assert limit.active and limit.slot_decay_per_second == 500

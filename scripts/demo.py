@@ -5,7 +5,9 @@ etcd holds.
 
 1. kubesim over a real etcd, with Secrets (encrypted with key1), ConfigMaps and
    objects of a CRD;
-2. a Prefect server (UI included), `prefect deploy --all`, a process worker;
+2. a Prefect server (UI included) that asks for an auth string made for this demo
+   (issue 30: without one, whoever reaches its port reads every cluster's
+   credentials), `prefect deploy --all`, a process worker;
 3. the first polls of `detect-storage-changes` (the 10-minute schedule's, run
    now by hand): a StorageState per resource, persisted ["Unknown"], a migration
    each, then refined to the current hash;
@@ -203,6 +205,8 @@ def main() -> int:
             print(f"\n2. A Prefect server (home {stack.home}); deploying prefect.yaml; a worker")
             stack.start_server()  # returns once the UI answers and its /ui-settings names this API (devstack.ui)
             print(f"   Prefect UI: {stack.ui_url} (its API: {stack.api_url})")
+            print(f"   It asks for the auth string {stack.auth_string} (made for this demo only; "
+                  "PREFECT_API_AUTH_STRING for the CLI and workers)")  # fmt: skip
             stack.deploy()
             stack.start_worker()
             print("\n3. First polls of detect-storage-changes: StorageStates created, a migration per resource")
@@ -252,6 +256,9 @@ def main() -> int:
                   "detect-storage-changes and run-migrations). A run's Artifacts tab has its progress and its table "
                   "of outcomes; Deployments shows detect-storage-changes every 10 minutes. Where to look for "
                   "what: docs/ui.md.")  # fmt: skip
+            print(f"   The UI asks for the auth string first: {stack.auth_string} (made for this demo only). "
+                  f"The CLI and `prefect` commands need it too: export PREFECT_API_URL={stack.api_url} "
+                  f"PREFECT_API_AUTH_STRING='{stack.auth_string}'")  # fmt: skip
             print(
                 f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations.migration.k8s.io,storagestates.migration.k8s.io"
             )

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import yaml
-from demo_fleet import second_cluster  # scripts/, this script's own folder
+from demo_fleet import second_cluster, watch_poll  # scripts/, this script's own folder
 from kubernetes import client as k8s
 
 from devstack import REPO, PrefectStack
@@ -150,7 +150,7 @@ def wait_for_migrations(api: Any, *, timeout: float) -> list[Any]:
 
 def poll(stack: PrefectStack) -> None:
     """One run of the detection deployment, waited for (what the schedule does every 10 minutes)."""
-    stack.run("deployment", "run", "detect-storage-changes/detect-storage-changes", "--watch")
+    watch_poll(stack, "detect-storage-changes/detect-storage-changes")
 
 
 def print_states(api: Any) -> None:

@@ -100,6 +100,11 @@ def block(kubesim_session: Kubesim) -> Iterator[str]:
     name = f"fleet-{uuid.uuid4().hex[:8]}"
     KubernetesClusterConfig.from_file(Path(kubesim_session.kubeconfig)).save(name)
     yield name
+    _forget_cluster(name)
+
+
+def _forget_cluster(name: str) -> None:
+    """Everything a test made for cluster `name` on the server: its copies, block, identity, own pool."""
     with get_client(sync_client=True) as client:
         for deployment in _copies(client, name):
             client.delete_deployment(deployment.id)
@@ -109,6 +114,8 @@ def block(kubesim_session: Kubesim) -> Iterator[str]:
             )
         with contextlib.suppress(ObjectNotFound):
             client.delete_variable_by_name(identity_variable(name))
+        with contextlib.suppress(ObjectNotFound):
+            client.delete_work_pool(f"storage-migrator-{name}")
 
 
 def _copies(client: SyncPrefectClient, cluster: str) -> list[DeploymentResponse]:
@@ -266,15 +273,7 @@ def test_a_cluster_without_a_block_is_added_in_pull_mode_on_a_pool_of_its_own(
         assert again.returncode == 0 and f"work pool {pool!r} exists" in again.stderr
         assert f"prefect block delete kubernetes-cluster-config/{name}" in again.stderr, again.stderr
     finally:
-        with get_client(sync_client=True) as client:
-            for deployment in _copies(client, name):
-                client.delete_deployment(deployment.id)
-            with contextlib.suppress(ObjectNotFound):
-                client.delete_block_document(
-                    client.read_block_document_by_name(name, block_type_slug="kubernetes-cluster-config").id
-                )
-            with contextlib.suppress(ObjectNotFound):
-                client.delete_work_pool(pool)
+        _forget_cluster(name)
     # `default` is the environment's cluster: its deployments are the templates, never overwritten.
     refused = fleet_here("add", "default")
     assert refused.returncode == 2 and "templates themselves" in refused.stderr

@@ -96,13 +96,16 @@ class WritersSampler:
 
     def __init__(self, stack: PrefectStack, budget: str) -> None:
         self.url = f"{stack.api_url}/v2/concurrency_limits/{budget}-writers"
+        # The stack's Authorization header once its server asks for an auth string (devstack, issue 30);
+        # none from a stack that has no such helper (its server asks for nothing).
+        self.headers: dict[str, str] = dict(getattr(stack, "auth_header", {}))
         self.samples: list[tuple[float, int | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="writers-sampler", daemon=True)
 
     def read(self) -> int | None:
         try:
-            with urllib.request.urlopen(self.url, timeout=2) as resp:
+            with urllib.request.urlopen(urllib.request.Request(self.url, headers=self.headers), timeout=2) as resp:
                 return int(json.loads(resp.read())["active_slots"])
         except (OSError, ValueError, KeyError):
             return None

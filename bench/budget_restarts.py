@@ -65,7 +65,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -95,19 +94,15 @@ class WritersSampler:
     half second in a thread; None while the server does not answer."""
 
     def __init__(self, stack: PrefectStack, budget: str) -> None:
-        self.url = f"{stack.api_url}/v2/concurrency_limits/{budget}-writers"
-        # The stack's Authorization header once its server asks for an auth string (devstack, issue 30);
-        # none from a stack that has no such helper (its server asks for nothing).
-        self.headers: dict[str, str] = dict(getattr(stack, "auth_header", {}))
+        self.stack, self.path = stack, f"/v2/concurrency_limits/{budget}-writers"
         self.samples: list[tuple[float, int | None]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="writers-sampler", daemon=True)
 
     def read(self) -> int | None:
         try:
-            with urllib.request.urlopen(urllib.request.Request(self.url, headers=self.headers), timeout=2) as resp:
-                return int(json.loads(resp.read())["active_slots"])
-        except (OSError, ValueError, KeyError):
+            return int(self.stack.api(self.path, timeout=2)["active_slots"])
+        except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def _run(self) -> None:

@@ -225,18 +225,31 @@ def _ensure_pool(client: SyncPrefectClient, pool: str, like: str | None) -> str:
     return "created"
 
 
+def _pull_pool(client: SyncPrefectClient, cluster: str) -> tuple[str, str | None] | None:
+    """The pool and queue of the cluster's existing pull-mode copies (None: none yet)."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        existing = client.read_deployment_by_name(deployment_name(FLEET_FLOWS[0], cluster))
+    except ObjectNotFound:
+        return None
+    if mode_of(existing.tags or []) != "pull" or not existing.work_pool_name:
+        return None
+    return existing.work_pool_name, existing.work_queue_name
+
+
 def add(name: Cluster, pool: Pool = None, queue: Queue = None, output: Output = OutputFormat.table) -> None:
     """Create or update the cluster's deployments flow/NAME, one per deployment of prefect.yaml (the templates, flow/flow).
 
-    Pull mode (--pool, or no KubernetesClusterConfig block NAME): the copies' runs go to a work pool of the cluster's own (created like the templates' pool if it does not exist), which only the cluster's own worker serves, with its own credentials (the kustomize install with STORAGE_MIGRATOR_CLUSTER=NAME, its ServiceAccount): the Prefect server holds no credential of the cluster. Push mode (a block NAME exists, no --pool): the copies keep the templates' pool, whose workers reach the cluster through the block. Each copies its template (flow, entrypoint, pull steps, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tags cluster:NAME and mode:pull or mode:push; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). Needs the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 a template is missing, or the Prefect API failed; 2 a usage error.
+    Pull mode (--pool, or no KubernetesClusterConfig block NAME: the pool its copies have, else storage-migrator-NAME): the copies' runs go to a work pool of the cluster's own (created like the templates' pool if it does not exist), which only the cluster's own worker serves, with its own credentials (the kustomize install with STORAGE_MIGRATOR_CLUSTER=NAME, its ServiceAccount): the Prefect server holds no credential of the cluster. Push mode (a block NAME exists, no --pool): the copies keep the templates' pool, whose workers reach the cluster through the block. Each copies its template (flow, entrypoint, pull steps, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tags cluster:NAME and mode:pull or mode:push; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). Needs the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 a template is missing, or the Prefect API failed; 2 a usage error.
     """
     cluster = _checked(name)
     if queue and not pool:
         raise typer.BadParameter("--queue is a queue of the cluster's own pool: give --pool too", param_hint="--queue")
     with _prefect() as client:
         has_block = _block_exists(client, cluster)
-        if pool is None and not has_block:
-            pool = default_pool(cluster)
+        if pool is None and not has_block:  # pull mode: the pool it has (an upgrade's loop), else the default
+            pool, queue = _pull_pool(client, cluster) or (default_pool(cluster), None)
         templates, missing = _templates(client)
         if missing:
             _fail(f"the template deployments {', '.join(missing)} are not on the Prefect server at {_api_url()}: "

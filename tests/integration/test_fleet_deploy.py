@@ -272,6 +272,15 @@ def test_a_cluster_without_a_block_is_added_in_pull_mode_on_a_pool_of_its_own(
         again = fleet_here("add", name, "--pool", pool)
         assert again.returncode == 0 and f"work pool {pool!r} exists" in again.stderr
         assert f"prefect block delete kubernetes-cluster-config/{name}" in again.stderr, again.stderr
+        # An upgrade's loop (`fleet add NAME`, no --pool) keeps a pull-mode cluster on its own pool and queue.
+        with get_client(sync_client=True) as client:
+            client.delete_block_document(
+                client.read_block_document_by_name(name, block_type_slug="kubernetes-cluster-config").id)  # fmt: skip
+        custom = fleet_here("add", name, "--pool", pool, "--queue", "eu", "-o", "json")
+        assert custom.returncode == 0, custom.stderr
+        upgraded = fleet_here("add", name, "-o", "json")
+        assert {(r["mode"], r["work_pool"], r["work_queue"]) for r in json.loads(upgraded.stdout)} == {
+            ("pull", pool, "eu")}, upgraded.stdout  # fmt: skip
     finally:
         _forget_cluster(name)
     # `default` is the environment's cluster: its deployments are the templates, never overwritten.

@@ -116,8 +116,10 @@ def fleet(stack: PrefectStack, tmp_path: Path) -> Iterator[dict[str, Member]]:
         finally:
             for name in members:
                 stack.kill_worker(f"worker-{name}")
-                subprocess.run(["storage-migrator", "fleet", "remove", name], env=stack.env, capture_output=True,
-                               timeout=120)  # fmt: skip
+            for name in members:  # their deployments go, and with them their schedules and scheduled runs
+                removed = subprocess.run(["storage-migrator", "fleet", "remove", name], env=stack.env,
+                                         capture_output=True, text=True, timeout=600)  # fmt: skip
+                assert removed.returncode == 0, removed.stderr
 
 
 def _join(stack: PrefectStack, name: str, cluster: Cluster, tmp_path: Path) -> Member:
@@ -141,6 +143,12 @@ def _join(stack: PrefectStack, name: str, cluster: Cluster, tmp_path: Path) -> M
     rows = json.loads(added.stdout)
     assert {(r["mode"], r["work_pool"]) for r in rows} == {("pull", pool)}, rows
     assert f"STORAGE_MIGRATOR_CLUSTER={name}" in added.stderr, added.stderr
+    # The copy's own 10-minute poll (the template's deployment pause is the default cluster's, never
+    # copied) paused: the test asks for each poll itself, and a scheduled one would race it (CANCEL_NEW).
+    with stack.client() as client:
+        poll = client.read_deployment_by_name(f"detect-storage-changes/{name}")
+        for schedule in poll.schedules:
+            client.update_deployment_schedule(poll.id, schedule.id, active=False)
     stack.start_worker(f"worker-{name}", pool=pool, limit=4, env={
         **WORKER_ENV, "STORAGE_MIGRATOR_CLUSTER": name, "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig)})  # fmt: skip
     return Member(name=name, cluster=cluster, kubeconfig=kubeconfig, pool=pool)

@@ -76,6 +76,16 @@ def start_kubesim(tmp: Path) -> tuple[subprocess.Popen[bytes], Path]:
     return proc, kubeconfig
 
 
+def prepared(kubeconfig: Path) -> Admin:
+    """The bench's namespace and our CRDs in the cluster; its admin client."""
+    subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "create", "namespace", NAMESPACE],
+                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "apply", "-f", str(REPO / "deployments" / "crds")],
+                   check=True, capture_output=True)  # fmt: skip
+    time.sleep(2)  # the CRDs get served
+    return Admin.from_kubeconfig(kubeconfig)
+
+
 def create(kubeconfig: Path, resource: str, n: int, start: int) -> None:
     api = api_client_from_settings(Settings(kubeconfig=kubeconfig, write_concurrency=8))
     ref = ResourceRef(version="v1", resource=resource)
@@ -190,12 +200,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kubesim, kubeconfig = start_kubesim(Path(tmp))
         try:
-            admin = Admin.from_kubeconfig(kubeconfig)
-            subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "create", "namespace", NAMESPACE],
-                           check=True, capture_output=True)  # fmt: skip
-            subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "apply", "-f", str(REPO / "deployments" / "crds")],
-                           check=True, capture_output=True)  # fmt: skip
-            time.sleep(2)  # the CRDs get served
+            admin = prepared(kubeconfig)
             cases = [c for db in args.databases for c in bench_database(db, args, kubeconfig, admin)]
         finally:
             kubesim.terminate()

@@ -68,7 +68,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.budget import BUDGET_LIMIT, NAMESPACE, RESOURCES, create, machine, start_kubesim, summarize
+from bench.budget import BUDGET_LIMIT, NAMESPACE, RESOURCES, create, machine, prepared, start_kubesim, summarize
 from devstack import REPO, PrefectStack
 from kubesim.admin import Admin
 from storage_migrator.conditions import is_condition_true
@@ -478,12 +478,7 @@ def main() -> None:
         logs.mkdir(parents=True, exist_ok=True)
         kubesim, kubeconfig = start_kubesim(Path(tmp))
         try:
-            admin = Admin.from_kubeconfig(kubeconfig)
-            subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "create", "namespace", NAMESPACE],
-                           check=True, capture_output=True)  # fmt: skip
-            subprocess.run(["kubectl", "--kubeconfig", str(kubeconfig), "apply", "-f", str(REPO / "deployments" / "crds")],
-                           check=True, capture_output=True)  # fmt: skip
-            time.sleep(2)  # the CRDs get served
+            admin = prepared(kubeconfig)
             if "restarts" in args.cases:
                 print(f"budget {args.rate:.0f} writes/s, {args.seconds:.0f} s of writes per run, the server down "
                       f"{args.down_seconds:.0f} s per restart (outage runs: PREFECT_CLIENT_MAX_RETRIES=1)", flush=True)  # fmt: skip

@@ -41,6 +41,7 @@ from prefect import task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.fleet.names import writers_limit_name
@@ -183,9 +184,11 @@ class WriterLease:
         self._lease: UUID | None = None
         self._renewed = 0.0
         self._ensured = info.ensured
-        #: since when (monotonic) no read of the budget has answered; None: the last one did
+        #: since when (monotonic) reads of the budget fail; None: the last one answered (for the log)
         self._failing_since: float | None = None
-        self._answers = threading.Event()  # set while reads of the budget answer
+        #: when (monotonic) the budget last answered: silence counts from here, not from a read's
+        #: failure, which the client's retries put off by up to a minute (2 + 4 + 8 + 16 + 32 s)
+        self._answered_at = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -213,6 +216,8 @@ class WriterLease:
         if not self._ensured:
             _ensure_limits(client, self.name, self.info.writes_per_second, explicit=False)
             self._ensured = True
+        if self._stop.is_set():  # leaving before the server answered: take no lease
+            raise RuntimeError(f"write budget {self.name}: the writer is leaving")
         self._acquire_lease(client)
         view = self._read(client)
         if view.writers == 1:
@@ -220,6 +225,7 @@ class WriterLease:
         return view
 
     def join(self) -> None:
+        self._answered_at = time.monotonic()
         try:
             with get_client(sync_client=True) as client:
                 view = self._connect(client)
@@ -230,7 +236,7 @@ class WriterLease:
             self._failing_since = time.monotonic()
         else:
             self.limiter.set_view(view)
-            self._answers.set()
+            self._answered_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name=f"write-share-{self.name}", daemon=True)
         self._thread.start()
 
@@ -243,6 +249,8 @@ class WriterLease:
         except Exception as exc:
             if not _lease_gone(exc):
                 raise
+            if self._stop.is_set():  # leaving: a lease taken now would outlive the run (a ghost writer)
+                return
             log.warning("write budget %s: the server no longer knows the writer's lease (it expired, or the server "
                         "restarted); joining again", self.name)  # fmt: skip
             self._acquire_lease(client)
@@ -269,13 +277,12 @@ class WriterLease:
                         failed_with = type(exc)
                     if self._failing_since is None:
                         self._failing_since = time.monotonic()
-                        self._answers.clear()
                     continue
+                self._answered_at = time.monotonic()
                 if self._failing_since is not None:
                     log.warning("write budget %s: the budget answers again after %.0f s; writes go on", self.name,
                                 time.monotonic() - self._failing_since)  # fmt: skip
                     self._failing_since = None
-                    self._answers.set()
                 if self._rejoined and self._on_rejoin is not None and time.monotonic() >= heal_after:
                     try:
                         self._rejoined = not self._on_rejoin()
@@ -286,12 +293,19 @@ class WriterLease:
 
     def wait_answered(self, timeout: float) -> bool:
         """Block until the budget answers (True) or `timeout` seconds pass."""
-        return self._answers.wait(timeout)
+        deadline = time.monotonic() + timeout
+        while self.silent_for() > 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, REFRESH_SECONDS))
+        return True
 
     def silent_for(self) -> float:
-        """Seconds since the budget last answered (0: it answers)."""
-        since = self._failing_since
-        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+        """Seconds since the budget last answered, once that is longer than a view may be old
+        (0: it answers; writes go on)."""
+        silent = time.monotonic() - self._answered_at
+        return silent if silent > MAX_VIEW_AGE_SECONDS else 0.0
 
     def unreachable(self) -> BudgetUnreachable | None:
         """What a waiting write raises once the budget has been silent longer than the grace."""
@@ -306,8 +320,11 @@ class WriterLease:
         if self._thread is not None:
             self._thread.join(timeout=30)
         if self._lease is not None:
+            # A budget that is silent is asked once, not through the client's retries: the run is
+            # ending (or giving up on the server), and the lease expires on its own.
+            retries = {PREFECT_CLIENT_MAX_RETRIES: 0} if self.silent_for() > 0 else {}
             try:
-                with get_client(sync_client=True) as client:
+                with temporary_settings(retries), get_client(sync_client=True) as client:
                     client.release_concurrency_slots_with_lease(self._lease)
             except Exception as exc:  # noqa: BLE001 - the lease expires on its own
                 log.warning("write budget %s: releasing the writer's lease failed (%s)", self.name, exc)

@@ -4,7 +4,8 @@
 #
 # Without arguments the tests run in two lanes at once: the e2e tier (one Prefect server, its
 # deployments and workers; its time is mostly spent waiting for flow runs) beside everything
-# else, which pytest-xdist splits over two workers by file. Each lane, and each worker, is a
+# else, which pytest-xdist splits over two workers by file, the slowest files first (tests/conftest.py
+# SLOWEST_FIRST, not xdist's default of the files with most tests first). Each lane, and each worker, is a
 # pytest session with its own etcd, kubesim and Prefect server: three sessions share the 2
 # cores CI has. The bar (issue 29): 10 minutes on 2 cores with one of them kept busy beside
 # it. At the end each lane's wall time and CPU-seconds are printed (its processes, and those
@@ -38,7 +39,7 @@ trap 'rm -f "$e2e_log" "$e2e_time" "$rest_time" "$lint_time"' EXIT
 { time uv run pytest tests/e2e --durations=10 >"$e2e_log" 2>&1; } 2>"$e2e_time" &
 e2e_pid=$!
 rest=0
-{ time uv run pytest --ignore=tests/e2e -n 2 --dist loadfile --durations=25 2>&3; } 3>&2 2>"$rest_time" || rest=$?
+{ time uv run pytest --ignore=tests/e2e -n 2 --dist loadfile --no-loadscope-reorder --durations=25 2>&3; } 3>&2 2>"$rest_time" || rest=$?
 e2e=0
 wait "$e2e_pid" || e2e=$?
 echo "== pytest tests/e2e (ran beside the above)"

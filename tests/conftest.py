@@ -65,14 +65,14 @@ def pytest_configure(config: pytest.Config) -> None:
         warnings.filterwarnings("ignore", SSL_RESET_LEAK_MESSAGE, ResourceWarning)
 
 
-#: The slowest files outside e2e, slowest first (seconds of wall time on 2 cores, from the suite's
-#: --durations, CI and this machine, 2026-11-27): they run first. pytest-xdist hands out whole
-#: files (`--dist loadfile`) and by default those with the most tests first; the slowest have
-#: few, so the slowest of all (3 tests, 220-280 s, mostly waiting on a Prefect server it kills)
-#: came last, on one worker, while the other had nothing left to run (stop 33). scripts/test.sh
-#: turns xdist's order off (`--no-loadscope-reorder`) for this one.
+#: The slowest files of the lane that pytest-xdist splits over two workers (seconds of wall time on
+#: 2 cores, from the suite's --durations, CI and this machine, 2026-11-27): they run first.
+#: xdist hands out whole files (`--dist loadfile`) and by default those with the most tests
+#: first; the slowest have few, so they came last, one worker running the last of them while the
+#: other had nothing left (stop 33). scripts/test.sh turns xdist's order off
+#: (`--no-loadscope-reorder`) for this one. (test_prefect_outage.py, 220-280 s of mostly
+#: waiting, runs in a lane of its own: scripts/test.sh WAITING.)
 SLOWEST_FIRST = (
-    "test_prefect_outage.py",  # 220-280
     "test_migrate_flow.py",  # 70-115
     "test_events.py",  # 57-98
     "test_rotation.py",  # 40-79

@@ -17,9 +17,10 @@ creating its flow run (CI, stop 33). The runs' request lease is
 20 s (lease_seconds; 600 by default, which the dispatchers keep), so a chunk stops after 5 s
 of silence (a quarter of it) instead of 150; the tests share one server, each on a budget of
 its own, in this order: the first two restart the server they killed, the last leaves it down
-(a server start is 10-20 s of CPU). In the main lane, not the e2e one: its tests mostly wait
-(for a server to die, for an outage to be noticed), and there they wait beside other tests'
-work instead of adding their waits to the e2e lane's (issue 29's bar: that lane had reached 736 s).
+(a server start is 10-20 s of CPU). In a lane of their own (scripts/test.sh WAITING), beside
+the others: they mostly wait (for a server to die, for an outage to be noticed), and in the e2e
+lane their waits added up in series (issue 29's bar: that lane had reached 736 s), in the xdist
+lane they held one of its two workers for 3-4 minutes (stop 33).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def test_two_runs_wait_out_a_server_outage_and_finish_within_the_budget(
     scene, namespace = configmaps, configmaps.namespace
     first_tenth = int(time.time() * 10)
     logs = {r: tmp_path / f"{r}.log" for r in ("configmaps", "secrets")}
-    kubesim.admin.set_faults([{"verb": "patch", "resource": "secrets", "latency": 2.0}])
+    kubesim.admin.set_faults([{"verb": "patch", "resource": r, "latency": 2.0} for r in logs])
     runs = {r: start_run(stack, kubesim, logs[r], budget="outage-waited-out", target=f"resource={r!r}")
             for r in logs}  # fmt: skip
 
@@ -276,7 +277,8 @@ def test_two_runs_wait_out_a_server_outage_and_finish_within_the_budget(
 
     try:
         # Whichever process starts first must not finish before the other joins (under load a start
-        # takes seconds): the Secrets' writes are slowed until both runs count in the budget.
+        # takes seconds: the Secrets' run began 14 s after the ConfigMaps', which were all written by
+        # then, in CI at the suite's start): every write is slowed until both runs count in the budget.
         wait_for(lambda: writers_counted(stack, "outage-waited-out") == 2 or any(
             r.poll() is not None for r in runs.values()), what="both runs to join the budget")  # fmt: skip
         kubesim.admin.clear_faults()

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+from tasks.single_try import single_try
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def best_effort(what: str) -> Iterator[None]:
     """Run the body's Prefect calls once each; on any error, warn naming `what` and go on."""
     try:
-        with temporary_settings({PREFECT_CLIENT_MAX_RETRIES: 0}):
+        with single_try():
             yield
     except Exception as exc:  # noqa: BLE001 - bookkeeping, not the migration
         log.warning("could not update %s (%s: %s); the migration goes on", what, type(exc).__name__, exc)

@@ -41,7 +41,6 @@ from prefect import task
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.fleet.names import writers_limit_name
@@ -49,6 +48,7 @@ from storage_migrator.migration.chunk_terms import BudgetUnreachable
 from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
 from storage_migrator.migration.write_share import ShareView, WindowedLimiter, join_wait
 from tasks.common import PRIVATE
+from tasks.single_try import single_try
 
 log = logging.getLogger(__name__)
 
@@ -322,9 +322,9 @@ class WriterLease:
         if self._lease is not None:
             # A budget that is silent is asked once, not through the client's retries: the run is
             # ending (or giving up on the server), and the lease expires on its own.
-            retries = {PREFECT_CLIENT_MAX_RETRIES: 0} if self.silent_for() > 0 else {}
+            tries = single_try() if self.silent_for() > 0 else contextlib.nullcontext()
             try:
-                with temporary_settings(retries), get_client(sync_client=True) as client:
+                with tries, get_client(sync_client=True) as client:
                     client.release_concurrency_slots_with_lease(self._lease)
             except Exception as exc:  # noqa: BLE001 - the lease expires on its own
                 log.warning("write budget %s: releasing the writer's lease failed (%s)", self.name, exc)

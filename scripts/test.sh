@@ -40,7 +40,7 @@ WAITING=(tests/integration/test_prefect_outage.py)
 logs=$(mktemp -d -t storage-migrator-lanes.XXXXXX)
 trap 'rm -rf "$logs"' EXIT
 # Lint and types beside the tests too (half a minute of CPU that used to come before them).
-{ time (set -e; lint) >"$logs/lint" 2>&1; } 2>"$logs/lint-time" &
+{ time { (set -e; lint) >"$logs/lint" 2>&1; }; } 2>"$logs/lint-time" &
 lint_pid=$!
 echo "== pytest"
 { time uv run pytest tests/e2e --durations=10 >"$logs/e2e" 2>&1; } 2>"$logs/e2e-time" &

@@ -40,7 +40,9 @@ from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import prefix_end
 
-pytestmark = [pytest.mark.e2e]
+# About 3.5 minutes on 2 cores beside the other lanes: a chain of nine flow-run processes, each
+# started by a worker; with one core kept busy beside the suite it took more than pytest's 300 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 SECRETS = ("s-0", "s-1", "s-2")
 CONFIGMAPS = 5

@@ -41,9 +41,13 @@ def test_a_best_effort_call_to_a_server_that_is_not_there_fails_at_once_with_a_w
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
-    with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api", PREFECT_CLIENT_MAX_RETRIES: 5}):
-        with caplog.at_level(logging.WARNING), best_effort("the progress artifact"):
-            with get_client(sync_client=True) as client:
-                client.read_flow_runs(limit=1)
+    unreachable = {PREFECT_API_URL: f"http://127.0.0.1:{port}/api", PREFECT_CLIENT_MAX_RETRIES: 5}
+    with (
+        temporary_settings(unreachable),
+        caplog.at_level(logging.WARNING),
+        best_effort("the progress artifact"),
+        get_client(sync_client=True) as client,
+    ):
+        client.read_flow_runs(limit=1)
     [record] = [r for r in caplog.records if "could not update the progress artifact" in r.getMessage()]
     assert "the migration goes on" in record.getMessage()

@@ -11,7 +11,7 @@
 #   (tests/conftest.py SLOWEST_FIRST, not xdist's default of the files with most tests first).
 # Each lane, and each worker, is a pytest session with its own etcd and kubesim (and Prefect
 # server where its tests need one): four sessions share the 2 cores CI has. The bar (issue 29):
-# 10 minutes on 2 cores. At the end each lane's wall time and CPU-seconds are printed (its
+# 10 minutes on 2 cores with one of them kept busy beside it. At the end each lane's wall time and CPU-seconds are printed (its
 # processes, and those they waited for), with the slowest tests of each. With arguments, one
 # pytest run takes them.
 set -euo pipefail

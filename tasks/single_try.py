@@ -10,15 +10,14 @@ context, which is what `temporary_settings` does after building them.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from prefect.context import SettingsContext, get_settings_context
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, Settings
 
-_LOCK = threading.Lock()
-#: (the settings in force, the same without retries): the last pair made.
+#: (the settings in force, the same without retries): the last pair made. Threads that make one
+#: at once each make a right one; the last stays.
 _LAST: tuple[Settings, Settings] | None = None
 
 
@@ -28,8 +27,7 @@ def _without_retries(current: Settings) -> Settings:
     if last is not None and last[0] is current:
         return last[1]
     derived = current.copy_with_update(updates={PREFECT_CLIENT_MAX_RETRIES: 0})
-    with _LOCK:
-        _LAST = (current, derived)
+    _LAST = (current, derived)
     return derived
 
 

@@ -17,7 +17,6 @@ database must not hold.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import uuid
@@ -119,11 +118,9 @@ def fleet(stack: PrefectStack, tmp_path: Path) -> Iterator[dict[str, Member]]:
             with ThreadPoolExecutor(max_workers=2) as joining:
                 joins = {name: joining.submit(_join, stack, name, cluster, tmp_path)
                          for name, cluster in ((f"pa-{suffix}", first), (f"pb-{suffix}", second))}  # fmt: skip
-            for name, join in joins.items():
-                with contextlib.suppress(Exception):  # raised below, once every worker started is known
-                    members[name] = join.result()
+            members.update({name: join.result() for name, join in joins.items() if join.exception() is None})
             for join in joins.values():
-                join.result()
+                join.result()  # a join's error, once every cluster that joined is in `members` (torn down)
             yield members
         finally:
             for name in members:

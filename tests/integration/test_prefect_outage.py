@@ -277,8 +277,8 @@ def test_two_runs_wait_out_a_server_outage_and_finish_within_the_budget(
 
     try:
         # Whichever process starts first must not finish before the other joins (under load a start
-        # takes seconds: the Secrets' run began 14 s after the ConfigMaps', which were all written by
-        # then, in CI at the suite's start): every write is slowed until both runs count in the budget.
+        # takes seconds: at a clean-clone suite's start, the Secrets' run began 14 s after the
+        # ConfigMaps', all written by then): every write is slowed until both runs count in the budget.
         wait_for(lambda: writers_counted(stack, "outage-waited-out") == 2 or any(
             r.poll() is not None for r in runs.values()), what="both runs to join the budget")  # fmt: skip
         kubesim.admin.clear_faults()

@@ -361,6 +361,11 @@ def test_a_migrations_artifacts_show_its_progress_and_its_counters(ran: Ran, pag
     document(page, "migration-artifacts")
     # The table's latest version holds the run's counters, one row per outcome.
     page.get_by_text(f"migration-{run.migration}-outcome", exact=True).first.click()
+    # The title opens the table's page. Until it is there, the first artifact link is the run's
+    # page's, the progress artifact's (a clean-clone suite run, 23, opened that one).
+    expect(page).to_have_url(re.compile(r"/artifacts/artifact/"))
+    outcome_key = page.get_by_role("definition").get_by_text(f"migration-{run.migration}-outcome", exact=True)
+    expect(outcome_key.first).to_be_visible()
     page.locator('a[href*="/artifacts/artifact/"]').first.click()
     rows = visible(page.get_by_role("table").first)
     assert run.counters["rewritten"] >= CONFIGMAPS, run.counters

@@ -2,7 +2,7 @@
 
 Objects are created with the official client, then read and written with
 storage_migrator.kube; answers are held to what a real kube-apiserver v1.36
-answers (shared/reference).
+answers (tests/reference).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """kubesim's /metrics over real etcd: each server of a rolling update reports its
 own identity and the hash of its own EncryptionConfiguration file, as a real
-v1.36 server does (shared/reference/apiserver-metrics-encryption-config.txt).
+v1.36 server does (tests/reference/apiserver-metrics-encryption-config.txt).
 
 Each test starts a Cluster of its own (its own etcd). Reloads are awaited by
 polling /metrics or the admin state with generous deadlines; nothing asserts on time.

@@ -1,6 +1,6 @@
 """kubesim held to what a real kube-apiserver v1.36.2 answers.
 
-Every expectation here is read from `shared/reference/` (recorded from a real
+Every expectation here is read from `tests/reference/` (recorded from a real
 API server, see its README.md): where kubesim answers differently, kubesim is
 wrong (DESIGN 6). Requests are raw HTTP so the JSON compared is the JSON sent,
 not what a client library made of it.
@@ -15,16 +15,14 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from recorded import REFERENCE
 
 from kubesim import tls
 from kubesim.resources import storage_version_hash
-
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference"
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"

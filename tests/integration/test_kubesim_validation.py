@@ -20,12 +20,13 @@ import yaml
 from conftest import Kubectl
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from recorded import REFERENCE
 
 from kubesim import codec, tls
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = ROOT / "deployments" / "crds"
-REFERENCE = ROOT.parent / "shared" / "reference" / "crd-protected-group-422.json"
+PROTECTED_GROUP_422 = REFERENCE / "crd-protected-group-422.json"
 GROUP, VERSION = "migration.k8s.io", "v1alpha1"
 SVMS, STATES = "storageversionmigrations", "storagestates"
 
@@ -75,7 +76,7 @@ def test_crd_in_a_protected_group_without_approval_is_refused_as_the_reference(k
     """reference/crd-protected-group-422.json: "creating a CRD in a protected group (`*.k8s.io`,
     `*.kubernetes.io`) without the `api-approved.kubernetes.io` annotation is refused with 422
     `Invalid` and this body." Compared field by field, then whole."""
-    reference = json.loads(REFERENCE.read_text())
+    reference = json.loads(PROTECTED_GROUP_422.read_text())
     doc = yaml.safe_load((CRD_DIR / "storageversionmigrations.yaml").read_text())
     doc["metadata"] = {"name": "gadgets.bars.k8s.io"}
     doc["spec"]["group"] = "bars.k8s.io"

@@ -10,11 +10,11 @@ knowingly accepts the risk can pass an explicit override ... It is never the def
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from recorded import REFERENCE
 
 from storage_migrator.agreement.server_configs import (
     ConfigSample,
@@ -28,7 +28,7 @@ from storage_migrator.agreement.server_configs import (
 from storage_migrator.agreement.server_metrics import parse_config_samples
 
 NOW = datetime(2026, 11, 26, 9, 0, tzinfo=UTC)
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "apiserver-metrics-encryption-config.txt"
+METRICS_REFERENCE = REFERENCE / "apiserver-metrics-encryption-config.txt"
 H1, H2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
 
 
@@ -47,7 +47,7 @@ def table(*rows: tuple[str, str | None]) -> ServerConfigs:
 
 def test_the_id_hash_is_that_of_the_identity_lease_as_checked_on_a_real_server() -> None:
     """reference/apiserver-metrics-encryption-config.txt: sha256 of the lease name."""
-    text = REFERENCE.read_text()
+    text = METRICS_REFERENCE.read_text()
     (parsed,) = parse_config_samples(text, via="https://10.0.0.1:6443", heard_at=NOW)
     assert parsed.id_hash == id_hash("apiserver-wlv32tlttr4jl3gtroqexyxapa")
     assert parsed.config_hash == "sha256:571b1c486a34d3160af8a79ad1c08a159faf0e9409922f8f23d44404aabe7b48"

@@ -297,7 +297,7 @@ class Cluster:
 
 
 def test_hash_is_the_api_servers() -> None:
-    # shared/reference: core events (stored as /v1/Event) report r2yiGXH7wu8=.
+    # tests/reference: core events (stored as /v1/Event) report r2yiGXH7wu8=.
     assert storage_version_hash("", "v1", "Event") == "r2yiGXH7wu8="
     assert V2ALPHA1 != V2BETA1
 

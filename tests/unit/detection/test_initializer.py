@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any, cast
 
 import pytest
+from recorded import REFERENCE
 
 from storage_migrator.agreement.reporters import ReporterHash
 from storage_migrator.conditions import set_condition
@@ -47,7 +47,6 @@ from storage_migrator.models import (
 )
 from storage_migrator.settings import Settings
 
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference"
 EVENTS_HASH = "r2yiGXH7wu8="  # reference/README: core events and events.events.k8s.io report the same hash
 
 
@@ -57,7 +56,7 @@ def load(name: str) -> APIResourceListDoc:
 
 
 def doc(group_version: str, *resources: dict[str, Any]) -> APIResourceListDoc:
-    """A discovery document for group versions not recorded in shared/reference."""
+    """A discovery document for group versions not recorded in tests/reference."""
     return cast(
         APIResourceListDoc, {"kind": "APIResourceList", "groupVersion": group_version, "resources": list(resources)}
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
+from recorded import REFERENCE
 
 from storage_migrator.kube.discovery import (
     APIGroupListDoc,
@@ -18,8 +18,6 @@ from storage_migrator.kube.discovery import (
     pick_preferred,
     preferred_versions,
 )
-
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference"
 
 
 def load(name: str) -> Any:

@@ -1,17 +1,17 @@
 """The one HTTP-answer-to-exception table (storage_migrator.kube.errors).
 
 Bodies come from answers recorded from a real kube-apiserver v1.36.2
-(shared/reference), plus the two 429 shapes DESIGN 6 names.
+(tests/reference), plus the two 429 shapes DESIGN 6 names.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
-from pathlib import Path
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from recorded import REFERENCE
 
 from storage_migrator.kube import errors
 from storage_migrator.kube.answers import error_from_answer, from_api_exception, from_transport_error
@@ -31,7 +31,6 @@ from storage_migrator.kube.errors import (
     is_retriable,
 )
 
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference"
 SENTINEL = "s3cr3t-SENTINEL-do-not-leak"
 
 

@@ -1,5 +1,5 @@
 """kubesim's /metrics, rendered and hashed (sim/kubesim/metrics.py), held to
-shared/reference/apiserver-metrics-encryption-config.txt (a real v1.36.2)."""
+tests/reference/apiserver-metrics-encryption-config.txt (a real v1.36.2)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from recorded import REFERENCE
 
 from kubesim import encryption, metrics
 from kubesim.__main__ import _encryption_files, parser
 from kubesim.cluster import Cluster
 from kubesim.server_config import EncryptionConfig, ServerConfig, admin_document
 
-REFERENCE = Path(__file__).resolve().parents[4] / "shared" / "reference" / "apiserver-metrics-encryption-config.txt"
+METRICS_REFERENCE = REFERENCE / "apiserver-metrics-encryption-config.txt"
 #: The reference server's identity Lease name, and the hashes its /metrics reported.
 REFERENCE_LEASE = "apiserver-wlv32tlttr4jl3gtroqexyxapa"
 REFERENCE_ID_HASH = "sha256:73095bbbe8f317654631b5a70d7c53951e472e19c3daa5b71a50958a5e82991b"
@@ -37,7 +38,7 @@ def reference_lines() -> list[str]:
     """The exposition lines of the reference file (its own commentary dropped)."""
     return [
         line
-        for line in REFERENCE.read_text().splitlines()
+        for line in METRICS_REFERENCE.read_text().splitlines()
         if line.startswith(("# HELP ", "# TYPE ", metrics.ENCRYPTION_CONFIG_INFO))
     ]
 

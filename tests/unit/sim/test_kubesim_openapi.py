@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from recorded import REFERENCE
 
 from kubesim import openapi_v2
 from kubesim.protobuf import fields
 from kubesim.resources import ResourceType, builtin_resources, resource_from_crd
 
 ROOT = Path(__file__).resolve().parents[3]
-SUMMARY = ROOT.parent / "shared" / "reference" / "openapi-v2-summary.txt"
+SUMMARY = REFERENCE / "openapi-v2-summary.txt"
 CRD_DIR = ROOT / "deployments" / "crds"
 
 

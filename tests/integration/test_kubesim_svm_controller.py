@@ -281,49 +281,58 @@ def test_a_restart_mid_run_rescans_and_finishes(
     in_tree: Http, kubesim: Kubesim, widgets: Callable[[int], str], namespace: str
 ) -> None:
     group = widgets(20)
-    kubesim.admin.set_svm_controller(qps=5, burst=1)
-    kubesim.admin.reset_counters()
-    name = migrate(in_tree, "widgets", group)
     gr = f"widgets.{group}"
+    # w010 answers 503: the migration is requeued at it, again and again, half done and Running.
+    kubesim.admin.set_faults([{"verb": "patch", "resource": gr, "name": "w010", "code": 503}])
+    name = migrate(in_tree, "widgets", group)
+    wait_until(lambda: kubesim.admin.faults()[0]["fired"] >= 2, what="the migration requeued at w010 and rescanned")
+    obj = in_tree.ok("GET", f"{V1}/{name}")
+    assert is_true(obj, "Running") and not is_true(obj, "Succeeded")
+    versions = versions_in_etcd(kubesim, group, namespace)
+    assert {versions[f"w{i:03d}"] for i in range(10)} == {f"{group}/v2"}
+    assert {versions[f"w{i:03d}"] for i in range(10, 20)} == {f"{group}/v1"}
 
-    def some_done() -> bool:
-        progress = kubesim.admin.svm_controller()["migrations"].get(gr) or {}
-        return progress.get("migratedObjects", 0) >= 5 and progress.get("remainingObjects", 0) > 0
-
-    wait_until(some_done, what="a quarter of the objects migrated")
     restarts = kubesim.admin.svm_controller()["restarts"]
     assert kubesim.admin.restart_svm_controller()["restarts"] == restarts + 1
-    obj = finished(in_tree, name)
-    assert is_true(obj, "Succeeded")
+    kubesim.admin.clear_faults()
+    assert is_true(finished(in_tree, name), "Succeeded")
     assert set(versions_in_etcd(kubesim, group, namespace).values()) == {f"{group}/v2"}
-    # The rescan skipped what was rewritten before the restart (its resourceVersion is newer
-    # than the migration's): each object got one patch, and the second pass counted only the rest.
-    assert kubesim.admin.counters()["requestsByResource"][f"patch {gr}"] == 20
-    assert kubesim.admin.svm_controller()["migrations"][gr]["migratedObjects"] < 20
+    # No checkpoint: the restarted controller scanned from the start; what was rewritten before
+    # has a newer resourceVersion than the migration's and was skipped, the other half patched.
+    assert kubesim.admin.svm_controller()["migrations"][gr] == {"migration": "", "migratedObjects": 10,
+                                                                 "remainingObjects": 0}  # fmt: skip
 
 
 def test_one_migration_per_resource_at_a_time(in_tree: Http, kubesim: Kubesim, widgets: Callable[[int], str]) -> None:
-    group = widgets(8)
+    """Judged on etcd's history of the two objects: at no revision are both running, and the
+    younger one starts running only once the older one has ended."""
+    group = widgets(6)
     kubesim.admin.set_svm_controller(enabled=False, qps=5, burst=1)
     first = migrate(in_tree, "widgets", group, name=f"a-{group[:11]}")
     second = migrate(in_tree, "widgets", group, name=f"b-{group[:11]}")
     kubesim.admin.reset_counters()
     kubesim.admin.set_svm_controller(enabled=True)
-
-    def snapshot() -> dict[str, dict[str, Any]] | None:
-        items = {o["metadata"]["name"]: o for o in in_tree.ok("GET", V1)["items"]}
-        running = [n for n in (first, second) if is_true(items[n], "Running")]
-        assert len(running) <= 1, f"both migrations of one resource running: {running}"
-        return items if running == [first] else None
-
-    seen = wait_until(snapshot, what="the older migration running")
-    # In the same read: the younger one waits, neither running nor ended.
-    assert condition(seen[second], "Running") is None
-    assert not is_true(seen[second], "Succeeded")
     a, b = finished(in_tree, first), finished(in_tree, second)
     assert is_true(a, "Succeeded") and is_true(b, "Succeeded")
+    prefix = b"/registry/storageversionmigrations/"
+    start = min(kv.create_revision for kv in kubesim.etcd.range(prefix, prefix_end(prefix)).kvs)
+    second_started = None
+    for revision in range(start, kubesim.etcd.revision() + 1):
+        at = {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value)
+              for kv in kubesim.etcd.range(prefix, prefix_end(prefix), revision=revision).kvs}  # fmt: skip
+        if first not in at or second not in at:
+            continue
+        assert not (is_true(at[first], "Running") and is_true(at[second], "Running")), f"both running at {revision}"
+        if second_started is None and is_true(at[second], "Running"):
+            second_started = revision
+            assert is_true(at[first], "Succeeded"), "the younger one started before the older one ended"
+    assert second_started is not None
     # The client's rate (qps 5, burst 1): never more than 6 patches in any second.
+    # The younger one recorded its resourceVersion at first sight, before the older one rewrote
+    # every object: it finds them all newer, and patches none.
+    assert int(b["status"]["resourceVersion"]) < second_started
     tenths = dict(kubesim.admin.timeline()[f"patch widgets.{group}"])
+    assert sum(tenths.values()) == 6
     assert max(sum(tenths.get(t + i, 0) for i in range(10)) for t in tenths) <= 6
 
 

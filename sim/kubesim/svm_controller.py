@@ -101,7 +101,7 @@ WORKERS = 5
 REASON_SUCCEEDED = "StorageVersionMigrationSucceeded"
 REASON_FAILED = "StorageVersionMigrationFailed"
 MIGRATION_VERBS = ("update", "patch", "list")
-#: kcm's default `--garbage-collector... ignoredResources` (garbagecollector/config/v1alpha1/defaults.go).
+#: The garbage collector ignores these (pkg/controller/garbagecollector/graph_builder.go, DefaultIgnoredResources).
 GC_IGNORED = frozenset({("", "events"), ("events.k8s.io", "events")})
 GC_VERBS = frozenset({"list", "watch", "delete"})
 _TICK = 0.1

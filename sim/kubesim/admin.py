@@ -157,6 +157,34 @@ class Admin:
         (a server that predates it); True: reports it again (the default)."""
         return dict(self._call("PUT", "metrics", {"encryptionConfigInfo": encryption_config_info}))
 
+    def svm_controller(self) -> dict[str, Any]:
+        """kube-controller-manager's storage version migrator: its settings, whether it runs, its progress."""
+        return dict(self._call("GET", "svm-controller"))
+
+    def set_svm_controller(
+        self,
+        *,
+        enabled: bool | None = None,
+        gc_delay: float | None = None,
+        missing_resource_grace: float | None = None,
+        qps: float | None = None,
+        burst: int | None = None,
+    ) -> dict[str, Any]:
+        """Switch the controller on or off (the API stays served), or change its timing and client limits."""
+        body = {
+            key: value
+            for key, value in (
+                ("enabled", enabled), ("gcDelaySeconds", gc_delay),
+                ("missingResourceGraceSeconds", missing_resource_grace), ("kubeAPIQPS", qps), ("kubeAPIBurst", burst),
+            )
+            if value is not None
+        }  # fmt: skip
+        return dict(self._call("PUT", "svm-controller", body))
+
+    def restart_svm_controller(self) -> dict[str, Any]:
+        """Restart it as kcm restarts: what it held in memory is gone; running migrations are scanned again."""
+        return dict(self._call("POST", "svm-controller/restart", {}))
+
     def compact(self) -> int:
         return int(self._call("POST", "compact")["revision"])
 

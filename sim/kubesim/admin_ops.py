@@ -19,6 +19,7 @@ from kubesim.faults import FaultRule, Faults
 from kubesim.registry import Registry, storage_group_resource
 from kubesim.resources import ALL_VERBS, FEATURE_GATES
 from kubesim.routing import VERSION_RE
+from kubesim.svm_controller import SvmController
 
 
 class AdminOperations:
@@ -26,6 +27,7 @@ class AdminOperations:
 
     registry: Registry
     faults: Faults
+    svm_controller: SvmController | None
 
     def admin_state(self) -> dict[str, Any]:
         cfg = self.registry.config
@@ -39,6 +41,7 @@ class AdminOperations:
             "metrics": {"encryptionConfigInfo": cfg.encryption_config_metric},
             "etcdURL": self.registry.etcd.url,
             "etcdRevision": self.registry.etcd.revision(),
+            **({"svmController": self.svm_controller.state()} if self.svm_controller is not None else {}),
         }
 
     def _encryption_state(self) -> dict[str, Any]:
@@ -169,6 +172,14 @@ class AdminOperations:
         self.faults.set_rules(rules)
         return {"rules": [r.model_dump() for r in self.faults.rules()]}
 
+    def _controller(self) -> SvmController:
+        if self.svm_controller is None:
+            raise bad_request(
+                "this API server runs no kube-controller-manager: the storage version migrator runs with a "
+                "kubesim Cluster (python -m kubesim serve)"
+            )
+        return self.svm_controller
+
     def route(self, method: str, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """The answer to `METHOD /_kubesim/<route>`; 404 for a route it does not have."""
         if route == "config" and method == "GET":
@@ -183,6 +194,12 @@ class AdminOperations:
             return self.set_feature_gates(body)
         if route == "metrics" and method in ("PUT", "POST"):
             return self.set_metrics(body)
+        if route == "svm-controller" and method == "GET":
+            return self._controller().state()
+        if route == "svm-controller" and method in ("PUT", "POST"):
+            return self._controller().configure(body)
+        if route == "svm-controller/restart" and method == "POST":
+            return self._controller().restart()
         if route == "compact" and method == "POST":
             return self.compact()
         if route == "faults" and method in ("PUT", "POST"):

@@ -37,6 +37,7 @@ from kubesim.etcd import EtcdProcess, EtcdStore
 from kubesim.registry import Registry
 from kubesim.server import ApiServer
 from kubesim.server_config import EncryptionConfig, ServerConfig, host_server_id
+from kubesim.svm_controller import ControllerSettings, SvmController
 from kubesim.tls import Authority, shared_authority
 
 
@@ -96,6 +97,7 @@ class Cluster:
         authorization_mode: str = "AlwaysAllow",
         insecure_http: bool = False,
         authority: Authority | None = None,
+        svm_controller: ControllerSettings | None = None,
     ) -> None:
         """Served over HTTPS, as kube-apiserver, with `authority`'s serving certificate (by default
         this process's kubesim CA, sim/kubesim/tls.py); `insecure_http=True`: plain HTTP.
@@ -116,7 +118,11 @@ class Cluster:
         `token_auth_file` (kube-apiserver's --token-auth-file) turns authentication on:
         bearer tokens of that CSV file, and the kubeconfig's admin token; anything else
         gets 401. `authorization_mode="RBAC"` (--authorization-mode) then authorizes every
-        request against the cluster's RBAC objects (sim/kubesim/rbac_authorizer.py)."""
+        request against the cluster's RBAC objects (sim/kubesim/rbac_authorizer.py).
+
+        `svm_controller`: the settings of kube-controller-manager's storage version migrator the
+        cluster runs (sim/kubesim/svm_controller.py): it talks to the first server, and works while
+        that server's `StorageVersionMigrator` gate is on and it is enabled."""
         self._etcd_process: EtcdProcess | None = None
         self._etcd_url = etcd_url
         self._count = servers
@@ -148,6 +154,9 @@ class Cluster:
         # The endpoint reconciler's writes, through an etcd client of their own (not counted as clients').
         self._control: Registry | None = None
         self._slices: dict[int, str] = {}  # port -> EndpointSlice name
+        self._svm_settings = svm_controller or ControllerSettings()
+        #: kube-controller-manager's storage version migrator, once started.
+        self.svm_controller: SvmController | None = None
 
     @property
     def etcd_url(self) -> str:
@@ -175,12 +184,17 @@ class Cluster:
             self._etcd_url = self._etcd_process.url
         try:
             self._control = Registry(EtcdStore(self.etcd_url))
+            token = self.access.admin_token if self.access.authenticating else "kubesim"
+            self.svm_controller = SvmController(
+                etcd_url=self.etcd_url, target=self._controller_target, token=token, settings=self._svm_settings
+            )
             for i in range(self._count):
                 self.add_server(
                     port=self._port if i == 0 else 0,
                     authz_warmup_seconds=self._authz_warmup_seconds,
                     encryption_config=self._encryption_configs[i] if self._encryption_configs else None,
                 )
+            self.svm_controller.start()
         except BaseException:
             self.stop()
             raise
@@ -222,7 +236,13 @@ class Cluster:
         server = ApiServer(
             registry, port=port, authz_warmup_seconds=authz_warmup_seconds, access=self.access, tls=self.authority
         )
+        server.svm_controller = self.svm_controller
         return server.start(identity_lease_seconds=self.identity_lease_seconds)
+
+    def _controller_target(self) -> ApiServer | None:
+        """The server kube-controller-manager talks to: the first (kcm's kubeconfig names one address)."""
+        servers = self.servers
+        return servers[0] if servers else None
 
     def restart_server(
         self, index: int = 0, *, down_seconds: float = 0.0, authz_warmup_seconds: float = 0.0
@@ -303,6 +323,9 @@ class Cluster:
         return EtcdStore(self.etcd_url)
 
     def stop(self) -> None:
+        if self.svm_controller is not None:
+            self.svm_controller.close()
+            self.svm_controller = None
         for server in self.servers:
             with contextlib.suppress(Exception):  # a graceful shutdown removes its endpoint, if etcd lets it
                 self._remove_endpoint(server)

@@ -194,6 +194,10 @@ def crd_status(
     approval = _approval_condition(crd, prior.get(APPROVAL_CONDITION), ts)
     if approval is not None:
         conditions.append(approval)
+    # Conditions other controllers keep through /status (kube-controller-manager's storage version
+    # migrator writes `StorageMigrating`, sim/kubesim/svm_controller.py) stay as written.
+    kept = {c["type"] for c in conditions}
+    conditions += [dict(c) for c in base.get("conditions") or [] if isinstance(c, dict) and c.get("type") not in kept]
     return {"conditions": conditions, "acceptedNames": dict(spec.get("names") or {}), "storedVersions": stored}
 
 

@@ -15,6 +15,7 @@ import copy
 import re
 from typing import Any
 
+from kubesim import storagemigration
 from kubesim.crds import admit_custom_resource, crd_status, validate_crd
 from kubesim.errors import StatusError, bad_request, conflict, invalid
 from kubesim.resources import ResourceType
@@ -94,6 +95,8 @@ def prepare_for_create(rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
         obj["status"] = crd_status(obj, None)
     if rt.is_custom:
         obj = _admit_custom(rt, obj, None)
+    if storagemigration.is_svm(rt):
+        obj = storagemigration.admit_create(obj)
     return obj
 
 
@@ -107,6 +110,8 @@ def prepare_for_update(rt: ResourceType, new: dict[str, Any], old: dict[str, Any
         new["status"] = crd_status(new, old.get("status") or {}, requested=new.get("status"))
     if rt.is_custom:
         new = _admit_custom(rt, new, old)
+    if storagemigration.is_svm(rt):
+        new = storagemigration.admit_update(new, old)
     return new
 
 
@@ -161,6 +166,9 @@ def merge_update(
             new.pop("status", None)
         if rt.resource == "customresourcedefinitions" or rt.is_custom:
             new = prepare_for_update(rt, new, current)
+        if storagemigration.is_svm(rt):
+            storagemigration.require_resource_version(proposed, name)
+            new = storagemigration.admit_status_update(new, current)
         return new
     new = copy.deepcopy(proposed)
     new["apiVersion"] = rt.group_version(version)

@@ -203,12 +203,17 @@ def builtin_resources() -> list[ResourceType]:
             "internal.apiserver.k8s.io", "storageversions", "StorageVersion", namespaced=False, version="v1alpha1",
             subresources=["status"], feature_gate=STORAGE_VERSION_API_GATE,
         ),
-        # The in-tree migrator's API (beta in v1.36, behind the StorageVersionMigrator
-        # gate; reference/README.md): same plural and kind as our migration.k8s.io CRD,
-        # so a bare `kubectl get storageversionmigrations` resolves to it (issue 9).
+        # The in-tree migrator's API (KEP-4192; reference/README.md): v1beta1 in v1.36 behind the
+        # StorageVersionMigrator gate, v1 GA in v1.37 with v1beta1 still served and still the
+        # storage version (a new version is stored one release later, so that a downgrade to a
+        # v1.36 server can read it: default_storage_factory_builder.go). Validation and strategy:
+        # sim/kubesim/storagemigration.py; its controller: sim/kubesim/svm_controller.py. Same
+        # plural and kind as our migration.k8s.io CRD, so a bare `kubectl get
+        # storageversionmigrations` resolves to it (issue 9).
         _builtin(
             "storagemigration.k8s.io", "storageversionmigrations", "StorageVersionMigration", namespaced=False,
-            version="v1beta1", subresources=["status"], feature_gate=STORAGE_VERSION_MIGRATOR_GATE,
+            served_versions=["v1", "v1beta1"], storage_version="v1beta1", subresources=["status"],
+            feature_gate=STORAGE_VERSION_MIGRATOR_GATE,
         ),
     ]  # fmt: skip
 

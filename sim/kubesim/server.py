@@ -35,6 +35,7 @@ from kubesim.routing import VERSION_RE, Request
 from kubesim.server_discovery import DiscoveryServing
 from kubesim.server_http import Listener
 from kubesim.server_writes import WriteVerbs
+from kubesim.svm_controller import SvmController
 from kubesim.tls import Authority
 
 log = logging.getLogger("kubesim")
@@ -45,6 +46,9 @@ class ApiServer(AdminOperations):
 
     #: Its identity lease and garbage collectors, while started (sim/kubesim/leases.py).
     identity: leases.IdentityLease | None = None
+    #: The cluster's kube-controller-manager storage version migrator (sim/kubesim/svm_controller.py),
+    #: driven through this server's admin API; None for a server outside a Cluster.
+    svm_controller: SvmController | None = None
 
     def __init__(
         self,

@@ -48,12 +48,13 @@ def _children(pid: int) -> list[int]:
 
 
 IN_TREE_API = ("--feature-gates", "StorageVersionMigrator=true")
+SVM_OFF = ("--no-svm-controller", "--svm-gc-delay", "0.5", "--kcm-kube-api-qps", "20", "--kcm-kube-api-burst", "30")
 
 
 def test_serve_then_admin_then_sigterm_stops_everything(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kubesim", "serve", "--kubeconfig", str(kubeconfig), *IN_TREE_API],
+        [sys.executable, "-m", "kubesim", "serve", "--kubeconfig", str(kubeconfig), *IN_TREE_API, *SVM_OFF],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -75,6 +76,16 @@ def test_serve_then_admin_then_sigterm_stops_everything(tmp_path: Path) -> None:
         state = json.loads(kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "state").stdout)
         assert state["storageVersions"]["configmaps"] == "v1"
         assert state["featureGates"] == {"StorageVersionAPI": True, "StorageVersionMigrator": True}
+        # kcm's storage version migrator: off as served, switched on and restarted by the admin CLI.
+        svm = state["svmController"]
+        assert (svm["enabled"], svm["running"], svm["gcDelaySeconds"], svm["kubeAPIQPS"], svm["kubeAPIBurst"]) == (
+            False, False, 0.5, 20.0, 30,
+        )  # fmt: skip
+        svm = json.loads(kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "svm-controller", "--enable",
+                                     "--restart").stdout)  # fmt: skip
+        assert (svm["enabled"], svm["running"], svm["restarts"]) == (True, True, 1)
+        zero = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "svm-controller", "--qps", "0", check=False)
+        assert zero.returncode == 2 and "expected a number above 0" in zero.stderr
         gates = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "feature-gates", "StorageVersionMigrator=false")
         assert json.loads(gates.stdout) == {"StorageVersionAPI": True, "StorageVersionMigrator": False}
         unknown = kubesim_cli("admin", "--kubeconfig", str(kubeconfig), "feature-gates", "Nope=true", check=False)

@@ -66,11 +66,14 @@ def test_the_in_tree_api_is_served_only_behind_its_feature_gate(kubesim: Kubesim
         assert groups.index("storagemigration.k8s.io") < groups.index("migration.k8s.io")
         # Our detection sees it as a persisted resource of its own (docs/migrations.md).
         found = discover(api).resources
-        svm = next(
+        in_tree = [
             r for r in found if r.group == "storagemigration.k8s.io" and r.resource == "storageversionmigrations"
-        )
-        assert (svm.version, svm.kind, svm.namespaced) == ("v1beta1", "StorageVersionMigration", False)
-        assert svm.storage_version_hash
+        ]
+        # v1.37: v1 (GA) beside v1beta1, one storage version, so one hash.
+        assert sorted(r.version for r in in_tree) == ["v1", "v1beta1"]
+        assert {(r.kind, r.namespaced) for r in in_tree} == {("StorageVersionMigration", False)}
+        assert len({r.storage_version_hash for r in in_tree}) == 1
+        assert in_tree[0].storage_version_hash
     finally:
         api.close()
 

@@ -129,12 +129,24 @@ def kubesim(kubesim_session: Kubesim) -> Iterator[Kubesim]:
     """The shared cluster, with its admin settings put back after the test: those it changed
     (issue 29: putting every one back, a score of admin calls, cost more than most tests)."""
     before = kubesim_session.admin.config()
+    controller = kubesim_session.admin.svm_controller()
     yield kubesim_session
     admin = kubesim_session.admin
     admin.clear_faults()
     after = admin.config()
     if after["featureGates"] != before["featureGates"]:
+        if after["featureGates"].get(SVM_GATE) and not before["featureGates"].get(SVM_GATE):
+            # In-tree migrations outlive the gate in etcd: a later test turning it on would see
+            # kubesim's controller run them. Deleted while the API is still served.
+            _delete_in_tree_migrations(kubesim_session.kubeconfig)
         admin.set_feature_gates(before["featureGates"])
+    now = admin.svm_controller()
+    if [now[k] for k in SVM_CONTROLLER_SETTINGS] != [controller[k] for k in SVM_CONTROLLER_SETTINGS]:
+        admin.set_svm_controller(
+            enabled=controller["enabled"], gc_delay=controller["gcDelaySeconds"],
+            missing_resource_grace=controller["missingResourceGraceSeconds"], qps=controller["kubeAPIQPS"],
+            burst=controller["kubeAPIBurst"],
+        )  # fmt: skip
     if [after["encryption"][k] for k in ("keys", "resources")] != [
         before["encryption"][k] for k in ("keys", "resources")
     ]:
@@ -143,6 +155,25 @@ def kubesim(kubesim_session: Kubesim) -> Iterator[Kubesim]:
         if after["storageVersions"].get(group_resource) != version:
             resource, _, group = group_resource.partition(".")
             admin.set_storage_version(resource, version, group=group)
+
+
+#: kubesim's feature gate for the in-tree storagemigration.k8s.io API and its controller (issue 36).
+SVM_GATE = "StorageVersionMigrator"
+#: The controller's settings as `Admin.svm_controller()` reports them (sim/kubesim/svm_controller.py).
+SVM_CONTROLLER_SETTINGS = ("enabled", "gcDelaySeconds", "missingResourceGraceSeconds", "kubeAPIQPS", "kubeAPIBurst")
+
+
+def _delete_in_tree_migrations(kubeconfig: str) -> None:
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    api = k8s_config.new_client_from_config(config_file=kubeconfig)
+    try:
+        k8s.CustomObjectsApi(api).delete_collection_cluster_custom_object(
+            "storagemigration.k8s.io", "v1", "storageversionmigrations"
+        )
+    finally:
+        api.close()
 
 
 @pytest.fixture

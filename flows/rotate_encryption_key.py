@@ -64,8 +64,9 @@ from flows.events import delivered_events
 from flows.fleet_runs import run_per_cluster
 from flows.run_logs import our_logs_in_the_run
 from flows.run_migrations import dispatch_requests, run_overrides
-from flows.server_config_gate import show_configs, wait_for_one_config
-from storage_migrator.conditions import is_condition_true
+from flows.server_config_gate import GateOutcome, show_configs, wait_for_one_config
+from storage_migrator.agreement.server_configs import ServerConfigs
+from storage_migrator.conditions import is_condition_true, phase_from_conditions
 from storage_migrator.fleet.names import scoped_key
 from storage_migrator.fleet.verdicts import fleet_verdict
 from storage_migrator.kube.errors import KubeError
@@ -80,11 +81,12 @@ from storage_migrator.rotation.decisions import (
     check_key_name,
     plan_requests,
 )
-from storage_migrator.rotation.proofs import VerificationStep, latest_verification, plan_verification
+from storage_migrator.rotation.proofs import VerificationStep, latest_verification, plan_verification, short_hash
 from storage_migrator.rotation.unreadable import Unreadable
 from storage_migrator.rotation.verdict import ResourceRotation, ServerCheckResult, rotation_verdict, summarize_resource
 from storage_migrator.settings import Settings
 from tasks.dispatching import create_named_requests, read_migrations, resolve_targets
+from tasks.proofs import mark_outdated
 from tasks.reading_check import read_every_object
 from tasks.server_configs import observe_configs
 
@@ -184,6 +186,34 @@ def _latest(existing: list[StorageVersionMigration], coord: tuple[str, str], req
     return latest_verification(request, existing, group=coord[0], plural=coord[1], key=key)
 
 
+def _outdate(settings: Settings, passes: list[StorageVersionMigration | None], configs: ServerConfigs) -> None:
+    """Issue 39: every API server was heard running a configuration these passes did not run under (or
+    servers differing): writes may go under another key, so they never count again (proofs.py). Servers
+    not heard are no evidence of a change: nothing is written then."""
+    if not configs.servers or any(s.config_hash is None for s in configs.servers):
+        return
+    common = configs.common_hash
+    names = [m.metadata.name for m in passes
+             if m is not None and m.metadata.name and m.status.encryption_config_hash != common
+             and phase_from_conditions(m.status.conditions) in ("Succeeded", "Failed")]  # fmt: skip
+    if names:
+        seen = short_hash(common) if common else f"different encryption configurations ({configs.describe()})"
+        get_run_logger().warning("%s no longer prove(s) the rotation: the API servers ran %s", ", ".join(names), seen)
+        mark_outdated(settings, names, seen=seen)
+
+
+def _no_verdict(settings: Settings, gate: GateOutcome, steps: list[RequestStep], coords: list[tuple[str, str]],
+                key: str) -> State[Any]:  # fmt: skip
+    """Issue 39: a rerun (every request ran already) while the servers do not run one configuration:
+    no verdict, and no advice about a key the operator may have removed already."""
+    existing = read_migrations(settings)
+    _outdate(settings, [_latest(existing, c, s.name, key) for c, s in zip(coords, steps, strict=True)], gate.configs)
+    return Failed(message=f"rotation to key {key}: no verdict while the API servers do not run one configuration: "
+                          f"{gate.verdict.message} Every request of this rotation ran already; it is proven again, "
+                          "writing nothing that is not due, once every API server is heard running one "
+                          "configuration. Until that verdict, remove no read key from any server.")  # fmt: skip
+
+
 @flow(name="rotate-encryption-key", flow_run_name="rotate-encryption-key-{key}", persist_result=False,
       log_prints=False)  # fmt: skip
 def rotate_encryption_key(
@@ -264,9 +294,7 @@ def _rotate(settings: Settings, overrides: dict[str, Any], *, key: str, resource
                                override=skip_server_check)  # fmt: skip
     if gate.verdict.action == "abort":
         if all(s.action == "done" for s in steps):  # issue 39: a rerun; the old key may be gone already
-            return Failed(message=f"rotation to key {key}: no verdict while the API servers differ: "
-                                  f"{gate.verdict.message} Every request of this rotation ran already; it is proven "
-                                  "again (writing nothing that is not due) once they run one configuration.")  # fmt: skip
+            return _no_verdict(settings, gate, steps, coords, key)
         return Failed(message=f"rotation to key {key} not started: {gate.verdict.message} Not proven: keep the "
                               "old key.")  # fmt: skip
     for step in steps:
@@ -287,6 +315,8 @@ def _rotate(settings: Settings, overrides: dict[str, Any], *, key: str, resource
         why = check.reason if check is not None and check.action == "blocked" else ""
         results.append(summarize_resource(s.resource, s.name, by_name.get(s.name), _latest(existing, coord, s.name, key),
                                           blocked=why, servers=servers, step=check, unreadable=lost.get(s.name)))  # fmt: skip
+    if not skip_server_check:  # what the servers run now and no pass proves (a loss, a change during the run)
+        _outdate(settings, [_latest(existing, c, s.name, key) for c, s in zip(coords, steps, strict=True)], configs)
     verdict = rotation_verdict(results, key=key, servers=servers)
     create_table_artifact(table=_table(results), key=scoped_key(f"rotate-encryption-key-{key}", settings.cluster),
                           description=verdict.message)  # fmt: skip

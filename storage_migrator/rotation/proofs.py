@@ -18,6 +18,12 @@ before writes under the other one. Each pass records the hash it ran under
 that counts. The room for the suffix is kept by ``request_name``
 (``decisions.VERIFY_ROOM``), so every name stays within Kubernetes' 253.
 
+A pass proves nothing about writes made under another configuration, even if the
+servers come back to its own (a write key rolled back, then the old key removed,
+then put back). A run that sees the servers on another configuration, or on
+none, and does not prove under it (a loss, servers that differ) records so on
+the newest pass (``OUTDATED_ANNOTATION``), which then never counts again.
+
 Pure functions; the flow ``rotate-encryption-key`` creates and runs what they say.
 """
 
@@ -35,6 +41,7 @@ from storage_migrator.rotation.decisions import foreign_request, verify_name
 
 __all__ = [
     "MAX_PASSES",
+    "OUTDATED_ANNOTATION",
     "VerificationStep",
     "latest_verification",
     "plan_verification",
@@ -45,6 +52,8 @@ __all__ = [
 
 #: The most verification passes a request may have: ``decisions.VERIFY_ROOM`` leaves 8 digits.
 MAX_PASSES: Final = 10**8 - 1
+#: On a verification pass: what a later run saw the servers run, which the pass does not prove (issue 39).
+OUTDATED_ANNOTATION: Final = "migration.k8s.io/proof-outdated"
 
 
 def verification_name(request: str, number: int = 1) -> str:
@@ -141,6 +150,7 @@ def plan_verification(
     | --- | --- | --- | --- |
     | none | | | create ``-verify`` |
     | pending, Running | | | run it |
+    | outdated (annotated) | | | a new pass |
     | Succeeded | ``config_hash`` | rewrote nothing | done: the proof stands, nothing written |
     | Succeeded | ``config_hash`` | rewrote some | a new pass (the last one wrote them: prove again) |
     | Succeeded, Failed | another, or unknown | | a new pass, under ``config_hash`` |
@@ -166,6 +176,11 @@ def plan_verification(
     ran_under = latest.status.encryption_config_hash
     progress = latest.status.progress
     rewrote = progress.rewritten if progress is not None else 0
+    outdated = (latest.metadata.annotations or {}).get(OUTDATED_ANNOTATION)
+    if outdated:
+        return _new_pass(resource, request, passes, latest,
+                         f"{name} no longer proves it: {outdated}; proven again under what the servers run now",
+                         changed=True)  # fmt: skip
     if config_hash is not None and ran_under != config_hash:
         return _new_pass(resource, request, passes, latest,
                          f"the API servers' encryption configuration changed since {name} ({phase}) ran under "

@@ -243,7 +243,8 @@ def _advice(resources: Sequence[ResourceRotation], *, key: str, servers: ServerC
                 "read key on every API server (they read again once it is back; nothing else recovers them), then run "
                 f"the rotation again: its verification pass re-encrypts them under {key}, and the run after it proves "
                 "it. Remove no other read key meanwhile.")  # fmt: skip
-    if servers is not None and servers.config_hash is None and not servers.overridden:
+    rotated = all(r.phase == "Succeeded" for r in resources)  # else the old key is still needed, whatever runs
+    if rotated and servers is not None and servers.config_hash is None and not servers.overridden:
         return (" No verdict while the API servers differ: finish the change on every server (or undo it), then "
                 "run the rotation again.")  # fmt: skip
     return (

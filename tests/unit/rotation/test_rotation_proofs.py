@@ -20,6 +20,7 @@ from storage_migrator.models import MigrationProgress, StorageVersionMigration, 
 from storage_migrator.rotation.decisions import ENCRYPTION_KEY_ANNOTATION, InvalidKeyName, request_name
 from storage_migrator.rotation.proofs import (
     MAX_PASSES,
+    OUTDATED_ANNOTATION,
     latest_verification,
     plan_verification,
     verification_name,
@@ -69,6 +70,12 @@ def _fits(n: int) -> bool:
     return True
 
 
+def _outdated(m: StorageVersionMigration) -> StorageVersionMigration:
+    m.metadata.annotations = {**(m.metadata.annotations or {}),
+                              OUTDATED_ANNOTATION: f"the API servers ran {B[:19]}… at 2026-11-28T00:00:00Z"}  # fmt: skip
+    return m
+
+
 STEPS = [
     # (existing passes, the servers' configuration now, action, name, reason contains, changed)
     ([], A, "create", "secrets-key2-verify", "no verification pass yet", False),
@@ -77,28 +84,77 @@ STEPS = [
     # The proof stands: nothing to write (the rerun of issue 11).
     ([svm("secrets-key2-verify", "succeeded", under=A)], A, "done", "secrets-key2-verify", "still run", False),
     # Issue 39: the old key removed (another configuration): a new pass, the old one kept.
-    ([svm("secrets-key2-verify", "succeeded", under=A)], B, "create", "secrets-key2-verify-2",
-     "configuration changed since secrets-key2-verify", True),
+    (
+        [svm("secrets-key2-verify", "succeeded", under=A)],
+        B,
+        "create",
+        "secrets-key2-verify-2",
+        "configuration changed since secrets-key2-verify",
+        True,
+    ),
     ([svm("secrets-key2-verify", "succeeded", under=None)], B, "create", "secrets-key2-verify-2", "unknown", True),
     # The newest counts: -verify-2 proves it under B; back under A (a read key added, then removed
     # again) a third pass, since writes went under B's write key in between.
-    ([svm("secrets-key2-verify", "succeeded", under=A), svm("secrets-key2-verify-2", "succeeded", under=B)], B,
-     "done", "secrets-key2-verify-2", "", False),
-    ([svm("secrets-key2-verify", "succeeded", under=A), svm("secrets-key2-verify-2", "succeeded", under=B)], A,
-     "create", "secrets-key2-verify-3", "changed", True),
+    (
+        [svm("secrets-key2-verify", "succeeded", under=A), svm("secrets-key2-verify-2", "succeeded", under=B)],
+        B,
+        "done",
+        "secrets-key2-verify-2",
+        "",
+        False,
+    ),
+    (
+        [svm("secrets-key2-verify", "succeeded", under=A), svm("secrets-key2-verify-2", "succeeded", under=B)],
+        A,
+        "create",
+        "secrets-key2-verify-3",
+        "changed",
+        True,
+    ),
     # A pass that rewrote objects proves nothing: the rerun proves again (no deletion by hand).
-    ([svm("secrets-key2-verify", "succeeded", under=A, progress=P(listed=5, rewritten=2, unchanged=3))], A,
-     "create", "secrets-key2-verify-2", "rewrote 2", False),
+    (
+        [svm("secrets-key2-verify", "succeeded", under=A, progress=P(listed=5, rewritten=2, unchanged=3))],
+        A,
+        "create",
+        "secrets-key2-verify-2",
+        "rewrote 2",
+        False,
+    ),
     # Failed under the configuration the servers still run: its failures are the answer; a person acts.
     ([svm("secrets-key2-verify", "failed", under=A)], A, "blocked", "secrets-key2-verify", "fix the cause", False),
     # Failed under another (e.g. the old key was missing then, and is back now): proven again.
     ([svm("secrets-key2-verify", "failed", under=A)], B, "create", "secrets-key2-verify-2", "changed", True),
     # The first name taken by another key's request: not ours to judge.
-    ([svm("secrets-key2-verify", "succeeded", under=A, key="key9")], A, "blocked", "secrets-key2-verify",
-     "rename or delete it", False),
+    (
+        [svm("secrets-key2-verify", "succeeded", under=A, key="key9")],
+        A,
+        "blocked",
+        "secrets-key2-verify",
+        "rename or delete it",
+        False,
+    ),
     # A later number taken by something else: skipped over, never judged as ours.
-    ([svm("secrets-key2-verify", "succeeded", under=A), svm("secrets-key2-verify-2", "succeeded", under=B,
-      resource="configmaps")], B, "create", "secrets-key2-verify-3", "changed since secrets-key2-verify ", True),
+    (
+        [
+            svm("secrets-key2-verify", "succeeded", under=A),
+            svm("secrets-key2-verify-2", "succeeded", under=B, resource="configmaps"),
+        ],
+        B,
+        "create",
+        "secrets-key2-verify-3",
+        "changed since secrets-key2-verify ",
+        True,
+    ),
+    # A later run saw the servers on another configuration and proved nothing under it (objects lost, servers
+    # that differed): writes may have gone under another key then, so back under A the pass proves nothing.
+    (
+        [_outdated(svm("secrets-key2-verify", "succeeded", under=A))],
+        A,
+        "create",
+        "secrets-key2-verify-2",
+        "no longer proves it: the API servers ran",
+        True,
+    ),
     # The operator's override with servers that differ (no one configuration): the newest pass as it is.
     ([svm("secrets-key2-verify", "succeeded", under=A)], None, "done", "secrets-key2-verify", "", False),
 ]
@@ -158,7 +214,7 @@ def test_a_refused_read_names_what_is_lost(error: KubeError, objects: list[str] 
     [
         KubeError(code=500, reason="InternalError", message="etcdserver: request timed out", what="LIST"),
         KubeError(code=503, reason="ServiceUnavailable", message="", what="LIST"),
-        KubeError(code=403, reason="Forbidden", message="User \"x\" cannot list resource", what="LIST"),
+        KubeError(code=403, reason="Forbidden", message='User "x" cannot list resource', what="LIST"),
     ],
 )
 def test_other_failures_are_no_loss(error: KubeError) -> None:
@@ -206,3 +262,12 @@ def test_servers_that_differ_give_no_verdict_and_no_advice_about_keys() -> None:
     assert not verdict.completed
     assert "No verdict while the API servers differ" in verdict.message
     assert "Do not remove the old key yet" not in verdict.message
+
+
+def test_a_rotation_not_done_keeps_the_old_key_whatever_the_servers_run() -> None:
+    """A first run whose request failed while the servers changed: the old key is still needed."""
+    servers = ServerCheckResult(config_hash=None, why="the API servers do not all run one configuration now (x, y)")
+    failed = svm("secrets-key2", "failed", under=A, progress=P(listed=5, rewritten=2))
+    verdict = rotation_verdict([summarize_resource("secrets", "secrets-key2", failed, None, servers=servers)],
+                               key="key2", servers=servers)  # fmt: skip
+    assert not verdict.completed and "Do not remove the old key yet" in verdict.message

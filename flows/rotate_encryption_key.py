@@ -24,6 +24,16 @@ same encryption configuration on /metrics (flows/server_config_gate.py; a
 server without the metric is unknown, never agreeing); each migration checks
 again between its chunks; and the verdict holds only if each verification pass
 ran under the configuration every server runs at the verdict, which it names.
+
+Issue 39: run again (by a person, on a schedule, or by the runbook after the old
+key is removed), the rotation proves again under the configuration the servers
+run now, on its own: where the newest verification pass ran under another one,
+it reads every object under the new one (what cannot be read is reported as
+lost, with its count and names: storage_migrator/rotation/unreadable.py), then
+makes a new pass (`secrets-key2-verify-2`, ...; both stay as the record:
+storage_migrator/rotation/proofs.py), which writes nothing where nothing is due,
+and gives the verdict (storage_migrator/rotation/verdict.py). Nothing has to be
+deleted by hand for a rerun.
 `skip_server_check=True` is the operator's explicit override: a warning in the
 log, `overridden` in the ledger, and the verdict says so.
 
@@ -54,28 +64,30 @@ from flows.events import delivered_events
 from flows.fleet_runs import run_per_cluster
 from flows.run_logs import our_logs_in_the_run
 from flows.run_migrations import dispatch_requests, run_overrides
-from flows.server_config_gate import show_configs, wait_for_one_config
-from storage_migrator.conditions import is_condition_true
+from flows.server_config_gate import GateOutcome, show_configs, wait_for_one_config
+from storage_migrator.agreement.server_configs import ServerConfigs
+from storage_migrator.conditions import is_condition_true, phase_from_conditions
 from storage_migrator.fleet.names import scoped_key
 from storage_migrator.fleet.verdicts import fleet_verdict
+from storage_migrator.kube.errors import KubeError
 from storage_migrator.migration.targets import MigrationTarget
-from storage_migrator.models import CONDITION_SUCCEEDED
+from storage_migrator.models import CONDITION_SUCCEEDED, StorageVersionMigration
 from storage_migrator.rotation.decisions import (
     ENCRYPTION_KEY_ANNOTATION,
     REQUESTED_BY_LABEL,
     ROTATION_REQUESTER,
     SKIP_SERVER_CHECK_ANNOTATION,
     RequestStep,
-    ResourceRotation,
-    ServerCheckResult,
     check_key_name,
     plan_requests,
-    rotation_verdict,
-    summarize_resource,
-    verify_name,
 )
+from storage_migrator.rotation.proofs import VerificationStep, latest_verification, plan_verification, short_hash
+from storage_migrator.rotation.unreadable import Unreadable
+from storage_migrator.rotation.verdict import ResourceRotation, ServerCheckResult, rotation_verdict, summarize_resource
 from storage_migrator.settings import Settings
 from tasks.dispatching import create_named_requests, read_migrations, resolve_targets
+from tasks.proofs import mark_outdated
+from tasks.reading_check import read_every_object
 from tasks.server_configs import observe_configs
 
 DEFAULT_RESOURCES: Final = ("secrets", "configmaps")
@@ -112,11 +124,94 @@ def _table(resources: list[ResourceRotation]) -> list[dict[str, Any]]:
     return [
         {"resource": r.resource, "request": r.migration, "phase": r.phase, "listed": r.listed,
          "rewritten": r.rewritten, "unchanged": r.unchanged, "failed": r.failed,
-         "verify": r.verify_phase, "verify rewritten": r.verify_rewritten,
-         "verify config": r.verify_config_hash or "-", "verified": r.verified,
-         "note": r.note}
+         "verification": r.verify_migration, "verify": r.verify_phase, "verify rewritten": r.verify_rewritten,
+         "verify config": r.verify_config_hash or "-",
+         "previous proof": f"{r.previous_verification} ({r.previous_config_hash})" if r.previous_verification else "-",
+         "unreadable": r.unreadable.describe() if r.unreadable else "-", "verified": r.verified, "note": r.note}
         for r in resources
     ]  # fmt: skip
+
+
+def _losses(
+    settings: Settings, checks: list[VerificationStep], targets: dict[str, MigrationTarget]
+) -> dict[str, Unreadable]:
+    """Issue 39: before proving again under a changed configuration, read every object under it: what the
+    servers cannot read any more is a loss to report as one, not a verification pass to fail."""
+    changed = [c for c in checks if c.action == "create" and c.configuration_changed]
+    if not changed:
+        return {}
+    logger = get_run_logger()
+    try:
+        reads = read_every_object(settings, [targets[c.resource] for c in changed])
+    except KubeError as exc:  # the code and reason only: a message may quote an object
+        logger.warning("could not read %s under the configuration the API servers run now (%s %s): the "
+                       "verification passes will tell", ", ".join(c.resource for c in changed), exc.code, exc.reason)  # fmt: skip
+        return {}
+    lost = {}
+    for check, read in zip(changed, reads, strict=True):
+        if read.unreadable is not None:
+            logger.error("%s: %s cannot be read under the configuration the API servers run now (%s): lost",
+                         check.resource, read.unreadable.describe(), read.unreadable.named())  # fmt: skip
+            lost[check.request] = read.unreadable
+    return lost
+
+
+def _prove(settings: Settings, overrides: dict[str, Any], steps: list[RequestStep], coords: list[tuple[str, str]],
+           targets: dict[str, MigrationTarget], key: str, *, skip_server_check: bool,
+           ) -> tuple[dict[str, VerificationStep], dict[str, Unreadable]]:  # fmt: skip
+    """The proof (DESIGN 4.5): each resource that succeeded gets a verification pass that must rewrite nothing,
+    under the configuration every API server runs now (issue 39: a new pass only where the newest proves
+    nothing under it)."""
+    existing = read_migrations(settings)
+    by_name = {m.metadata.name: m for m in existing}
+    now = observe_configs(settings).common_hash
+    checks: dict[str, VerificationStep] = {}
+    for (group, plural), step in zip(coords, steps, strict=True):
+        request = by_name.get(step.name)
+        if request is not None and is_condition_true(request.status.conditions, CONDITION_SUCCEEDED):
+            checks[step.name] = plan_verification(request=step.name, group=group, plural=plural, key=key,
+                                                  existing=existing, config_hash=now)  # fmt: skip
+    logger = get_run_logger()
+    for check in checks.values():
+        logger.info("%s: %s (%s)", check.name, check.action, check.reason)
+    lost = _losses(settings, list(checks.values()), targets)
+    _run_steps(settings, overrides, [RequestStep(resource=c.resource, name=c.name, action=c.action, reason=c.reason)
+                                     for c in checks.values() if c.action != "blocked" and c.request not in lost],
+               targets, key, skip_server_check=skip_server_check)  # fmt: skip
+    return checks, lost
+
+
+def _latest(existing: list[StorageVersionMigration], coord: tuple[str, str], request: str, key: str,
+            ) -> StorageVersionMigration | None:  # fmt: skip
+    return latest_verification(request, existing, group=coord[0], plural=coord[1], key=key)
+
+
+def _outdate(settings: Settings, passes: list[StorageVersionMigration | None], configs: ServerConfigs) -> None:
+    """Issue 39: every API server was heard running a configuration these passes did not run under (or
+    servers differing): writes may go under another key, so they never count again (proofs.py). Servers
+    not heard are no evidence of a change: nothing is written then."""
+    if not configs.servers or any(s.config_hash is None for s in configs.servers):
+        return
+    common = configs.common_hash
+    names = [m.metadata.name for m in passes
+             if m is not None and m.metadata.name and m.status.encryption_config_hash != common
+             and phase_from_conditions(m.status.conditions) in ("Succeeded", "Failed")]  # fmt: skip
+    if names:
+        seen = short_hash(common) if common else f"different encryption configurations ({configs.describe()})"
+        get_run_logger().warning("%s no longer prove(s) the rotation: the API servers ran %s", ", ".join(names), seen)
+        mark_outdated(settings, names, seen=seen)
+
+
+def _no_verdict(settings: Settings, gate: GateOutcome, steps: list[RequestStep], coords: list[tuple[str, str]],
+                key: str) -> State[Any]:  # fmt: skip
+    """Issue 39: a rerun (every request ran already) while the servers do not run one configuration:
+    no verdict, and no advice about a key the operator may have removed already."""
+    existing = read_migrations(settings)
+    _outdate(settings, [_latest(existing, c, s.name, key) for c, s in zip(coords, steps, strict=True)], gate.configs)
+    return Failed(message=f"rotation to key {key}: no verdict while the API servers do not run one configuration: "
+                          f"{gate.verdict.message} Every request of this rotation ran already; it is proven again, "
+                          "writing nothing that is not due, once every API server is heard running one "
+                          "configuration. Until that verdict, remove no read key from any server.")  # fmt: skip
 
 
 @flow(name="rotate-encryption-key", flow_run_name="rotate-encryption-key-{key}", persist_result=False,
@@ -198,32 +293,30 @@ def _rotate(settings: Settings, overrides: dict[str, Any], *, key: str, resource
     gate = wait_for_one_config(settings, what=f"rotation to key {key}", key=f"rotate-{key}",
                                override=skip_server_check)  # fmt: skip
     if gate.verdict.action == "abort":
+        if all(s.action == "done" for s in steps):  # issue 39: a rerun; the old key may be gone already
+            return _no_verdict(settings, gate, steps, coords, key)
         return Failed(message=f"rotation to key {key} not started: {gate.verdict.message} Not proven: keep the "
                               "old key.")  # fmt: skip
     for step in steps:
         logger.info("%s: %s (%s)", step.name, step.action, step.reason)
     _run_steps(settings, overrides, steps, targets, key, skip_server_check=skip_server_check)
-
-    # The proof (DESIGN 4.5): a second pass over each resource that succeeded must rewrite nothing.
-    existing = {m.metadata.name: m for m in read_migrations(settings)}
-    done = [c for c, s in zip(coords, steps, strict=True)
-            if s.name in existing and is_condition_true(existing[s.name].status.conditions, CONDITION_SUCCEEDED)]  # fmt: skip
-    checks = plan_requests(done, list(existing.values()), key=key, verify=True)
-    _run_steps(settings, overrides, [c for c in checks if c.action != "blocked"], targets, key,
-               skip_server_check=skip_server_check)  # fmt: skip
-    notes = {c.name: c.reason for c in checks if c.action == "blocked"}
+    checks, lost = _prove(settings, overrides, steps, coords, targets, key, skip_server_check=skip_server_check)
 
     # Issue 19: before the verdict, what every server runs now; each proof must have run under it.
     configs = observe_configs(settings)
     servers = ServerCheckResult(config_hash=configs.common_hash, overridden=skip_server_check,
                                 why=f"the API servers do not all run one configuration now ({configs.describe()})")  # fmt: skip
     show_configs(configs, key=f"rotate-{key}", description=f"rotation to key {key}: the API servers at the verdict")
-    existing = {m.metadata.name: m for m in read_migrations(settings)}
-    results = [
-        summarize_resource(s.resource, s.name, existing.get(s.name), existing.get(verify_name(s.name)),
-                           blocked=notes.get(verify_name(s.name), ""), servers=servers)
-        for s in steps
-    ]  # fmt: skip
+    existing = read_migrations(settings)
+    by_name = {m.metadata.name: m for m in existing}
+    results = []
+    for coord, s in zip(coords, steps, strict=True):
+        check = checks.get(s.name)
+        why = check.reason if check is not None and check.action == "blocked" else ""
+        results.append(summarize_resource(s.resource, s.name, by_name.get(s.name), _latest(existing, coord, s.name, key),
+                                          blocked=why, servers=servers, step=check, unreadable=lost.get(s.name)))  # fmt: skip
+    if not skip_server_check:  # what the servers run now and no pass proves (a loss, a change during the run)
+        _outdate(settings, [_latest(existing, c, s.name, key) for c, s in zip(coords, steps, strict=True)], configs)
     verdict = rotation_verdict(results, key=key, servers=servers)
     create_table_artifact(table=_table(results), key=scoped_key(f"rotate-encryption-key-{key}", settings.cluster),
                           description=verdict.message)  # fmt: skip

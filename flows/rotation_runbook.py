@@ -3,7 +3,10 @@
 Issue 19 item 3. Seed 003's order as five phases (storage_migrator/rotation/runbook.py):
 1. the new key added as a read key everywhere; 2. made the write key everywhere;
 3. re-encrypt and prove (`rotate-encryption-key`, gated on every server);
-4. the old key removed everywhere; 5. every object read through every server.
+4. the old key removed everywhere; 5. the rotation proven again under the configuration
+every server runs now (issue 39: the same path as any rerun; it writes nothing that is
+not due, and reports objects lost with the old key), then every object read through
+every server. A run of a runbook already done does phase 5 again.
 
 For phases 1, 2 and 4 the run pauses with a Prefect input form (the UI shows it with
 what to change on each server and an EncryptionConfiguration snippet without
@@ -53,7 +56,7 @@ from storage_migrator.rotation.runbook import (
 )
 from storage_migrator.settings import Settings
 from tasks.dispatching import resolve_targets
-from tasks.reading_check import read_through_every_server
+from tasks.reading_check import ReadCheck, read_through_every_server
 from tasks.server_configs import observe_configs
 
 __all__ = ["PhaseDone", "RunbookSummary", "key_rotation_runbook"]
@@ -163,23 +166,50 @@ def _operator_phase(settings: Settings, record: RunbookRecord, *, pause_timeout:
         not_yet = check.why
 
 
-def _final_check(settings: Settings, record: RunbookRecord) -> State[Any] | None:
+def _proof_again(record: RunbookRecord, reencrypt: dict[str, Any]) -> State[Any] | None:
+    """Issue 39: the rotation run again, as a rerun or a schedule would run it: proven again under the
+    configuration every API server runs now (the old key gone), writing nothing that is not due."""
+    state = rotate_encryption_key(key=record.key, resources=record.resources, return_state=True, **reencrypt)
+    if state.is_completed():
+        return None
+    return Failed(message=f"phase 5: the rotation to {record.key}, run again under the configuration every API "
+                          f"server runs now ({record.old_key} removed in phase 4), is not proven: {state.message}")  # fmt: skip
+
+
+def _final_check(settings: Settings, record: RunbookRecord, reencrypt: dict[str, Any]) -> State[Any] | None:
+    """Phase 5 (and a run of a finished runbook): the proof again, then every object read through every server."""
+    failed = _proof_again(record, reencrypt)
+    if failed is not None:
+        return failed
     checks = read_through_every_server(settings, resolve_targets(settings, record.resources))
-    create_table_artifact(table=[c.model_dump() for c in checks], key=f"runbook-{record.key}-read-check"[:100],
+    create_table_artifact(table=[_row(c) for c in checks], key=f"runbook-{record.key}-read-check"[:100],
                           description="phase 5: every object read through every API server")  # fmt: skip
     bad = [c for c in checks if c.error]
     if bad:
-        named = "; ".join(f"{c.resource} through {c.server}: {c.error}" for c in bad)
+        named = "; ".join(f"{c.resource} through {c.server}: {c.error}"
+                          + (f" ({c.unreadable.describe()} cannot be read: {c.unreadable.named()})"
+                             if c.unreadable else "") for c in bad)  # fmt: skip
         return Failed(message=f"phase 5: not every object reads through every API server ({named}). Put the old "
                               f"key {record.old_key} back as a read key on every server, then run this again.")  # fmt: skip
     return None
 
 
+def _row(check: ReadCheck) -> dict[str, Any]:
+    row = check.model_dump(exclude={"unreadable"})
+    row["unreadable"] = check.unreadable.describe() if check.unreadable else "-"
+    return row
+
+
 def _run_phases(
     settings: Settings, record: RunbookRecord, *, pause_timeout: int, settle_seconds: float, reencrypt: dict[str, Any]
 ) -> State[Any] | None:
-    """Every phase from the one recorded to done; a Failed state if one cannot be finished."""
+    """Every phase from the one recorded to done; a Failed state if one cannot be finished. A runbook
+    already done checks again (issue 39: a rerun after the old key is gone proves again): phase 5 once more."""
     logger = get_run_logger()
+    if record.phase == "done":
+        logger.info("key rotation %s -> %s is done: checking again under what every API server runs now",
+                    record.old_key, record.key)  # fmt: skip
+        return _final_check(settings, record, reencrypt)
     while record.phase != "done":
         phase = record.phase
         if phase in OPERATOR_PHASES:
@@ -191,7 +221,7 @@ def _run_phases(
                                       "to resume at phase 3.")  # fmt: skip
             record.reached[phase] = observe_configs(settings).common_hash or ""
         else:
-            failed = _final_check(settings, record)
+            failed = _final_check(settings, record, reencrypt)
             if failed is not None:
                 return failed
             record.reached[phase] = observe_configs(settings).common_hash or ""
@@ -199,6 +229,21 @@ def _run_phases(
         _save(record, settings.cluster)
         logger.info("phase %s done; next: %s", phase, record.phase)
     return None
+
+
+def _done_message(record: RunbookRecord, now: str | None) -> str:
+    """What a finished runbook says, about the configuration the servers run now (issue 39)."""
+    removed = record.reached.get("remove-old-key")
+    gone = (f"{record.old_key} is gone from every API server (they run {now}, the configuration phase 4 left)"
+            if removed and removed == now else
+            f"{record.old_key} was removed in phase 4 (configuration {removed or 'unknown'}); every API server runs "
+            f"{now or 'no one configuration'} now")  # fmt: skip
+    return (
+        f"key rotation {record.old_key} -> {record.key} done: {gone}; every object of "
+        f"{', '.join(record.resources)} is stored under {record.key} and reads back under that configuration "
+        "(the rotation proved again, writing nothing that was not due), and every object reads through every "
+        "API server."
+    )
 
 
 @flow(name="key-rotation-runbook", flow_run_name="key-rotation-runbook-{key}", persist_result=False,
@@ -242,7 +287,6 @@ def key_rotation_runbook(
             _release(settings.cluster)
         if failed is not None:
             return failed
-        message = (f"key rotation {old_key} -> {key} done: every object of {', '.join(record.resources)} is stored "
-                   f"under {key}, {old_key} is gone from every API server, and every object reads through each.")  # fmt: skip
+        message = _done_message(record, observe_configs(settings).common_hash)
         logger.info("%s", message)
         return RunbookSummary(key=key, reached=record.reached, message=message)

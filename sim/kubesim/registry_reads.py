@@ -3,6 +3,14 @@
 A LIST reads at one etcd revision and answers it as its resourceVersion; a
 continue token carries that revision and the next key, and one whose revision
 was compacted answers 410 (`list-expired-410.txt`; kubesim.registry's docstring).
+
+A LIST that meets values it cannot read (a key the encryption configuration no
+longer holds) answers as kube-apiserver v1.36 does (KEP-3926, beta and on by
+default: `AllowUnsafeMalformedObjectDeletion`; apiserver storage/etcd3
+`corruptObjErrAggregator`): it reads on, skipping them, then answers 500
+`StorageReadError` naming each one's etcd key in `details.causes`, at most
+`MAX_CORRUPT_CAUSES` of them and then a `FieldValueTooMany` cause (issue 39:
+the object count of a loss).
 """
 
 from __future__ import annotations
@@ -17,6 +25,18 @@ from kubesim.errors import StatusError, expired, not_found
 from kubesim.etcd import KV, Compacted, prefix_end
 from kubesim.registry_core import RegistryCore, storage_group_resource
 from kubesim.resources import ResourceType
+
+#: kube-apiserver names at most this many unreadable objects in a LIST's error, then says "truncated".
+MAX_CORRUPT_CAUSES = 100
+
+
+def _store_read_error(rt: ResourceType, causes: list[dict[str, str]], *, truncated: bool) -> StatusError:
+    """kube-apiserver's aggregatedStorageError.NewAPIStatusError: one cause per key it could not read."""
+    if truncated:
+        causes = [*causes, {"reason": "FieldValueTooMany", "message": "too many errors, the list is truncated"}]
+    what = rt.resource if not rt.group else f"{rt.resource}.{rt.group}"
+    return StatusError(500, "StorageReadError", f"failed to read one or more {what} from the storage",
+                       details={"group": rt.group, "kind": rt.resource, "name": "list", "causes": causes})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -67,6 +87,7 @@ class RegistryReads(RegistryCore):
         read_rev = revision
         last_key: bytes | None = None
         remaining: int | None = None
+        corrupt: list[dict[str, str]] = []
         while True:
             want = (limit - len(items)) if limit else 0
             try:
@@ -78,8 +99,16 @@ class RegistryReads(RegistryCore):
             if read_rev == 0:
                 read_rev = result.revision
             for kv in result.kvs:
-                obj = self.served(rt, version, self._decode(kv, storage_group_resource(rt)).obj, kv)
                 last_key = kv.key
+                try:
+                    obj = self.served(rt, version, self._decode(kv, storage_group_resource(rt)).obj, kv)
+                except StatusError as exc:  # an unreadable value: named, skipped, not counted in the page
+                    if len(corrupt) >= MAX_CORRUPT_CAUSES:
+                        raise _store_read_error(rt, corrupt, truncated=True) from None
+                    corrupt.append({"reason": "UnexpectedServerResponse", "field": kv.key.decode(),
+                                    "message": f"StorageError: corrupt object, Key: {kv.key.decode()}, "
+                                               f"AdditionalErrorMsg: {exc.message}"})  # fmt: skip
+                    continue
                 if predicate is None or predicate(obj):
                     items.append(obj)
             if not limit or not result.more:
@@ -90,6 +119,8 @@ class RegistryReads(RegistryCore):
                 break
             assert last_key is not None
             start = last_key + b"\0"
+        if corrupt:
+            raise _store_read_error(rt, corrupt, truncated=False)
         token = None
         if more and last_key is not None:
             token = encode_continue(read_rev, last_key[len(prefix) :].decode() + "\0")

@@ -351,6 +351,34 @@ def test_dropping_a_read_key_makes_its_values_unreadable(kubesim: Any, namespace
     assert call(url, "PATCH", secret_path(namespace, "stranded"), patch, content_type=MERGE).status == 500
 
 
+def test_a_list_names_every_value_it_cannot_read(kubesim: Any, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-apiserver v1.36 (KEP-3926, on by default; apiserver etcd3 corruptObjErrAggregator): a LIST
+    reads on past values it cannot decrypt, then answers 500 `StorageReadError`, "failed to read one
+    or more secrets from the storage", a cause per etcd key (`UnexpectedServerResponse`), and past the
+    most it names a `FieldValueTooMany` cause: the object count of a loss (issue 39). Paged too: the
+    unreadable ones do not count toward `limit`."""
+    import kubesim.registry_reads as reads
+
+    url = kubesim.url
+    for name in ("a", "b", "c"):
+        make_secret(url, namespace, f"lost-{name}")
+    kubesim.admin.set_encryption(["key2", "key1"])
+    make_secret(url, namespace, "z-kept")  # after them: a page of one reads all three first
+    kubesim.admin.set_encryption(["key2"])
+    for query in ("", "?limit=1"):
+        reply = call(url, "GET", secret_path(namespace) + query)
+        assert (reply.status, reply.doc["reason"]) == (500, "StorageReadError"), reply.doc
+        assert reply.doc["message"] == "failed to read one or more secrets from the storage"
+        causes = reply.doc["details"]["causes"]
+        assert [c["field"] for c in causes] == [f"/registry/secrets/{namespace}/lost-{n}" for n in "abc"], causes
+        assert {c["reason"] for c in causes} == {"UnexpectedServerResponse"}
+    monkeypatch.setattr(reads, "MAX_CORRUPT_CAUSES", 2)
+    causes = call(url, "GET", secret_path(namespace)).doc["details"]["causes"]
+    assert [c.get("field") for c in causes] == [f"/registry/secrets/{namespace}/lost-a",
+                                                f"/registry/secrets/{namespace}/lost-b", None]  # fmt: skip
+    assert causes[2] == {"reason": "FieldValueTooMany", "message": "too many errors, the list is truncated"}
+
+
 # ----- preconditions and missing objects ------------------------------------------
 
 

@@ -466,7 +466,8 @@ def test_the_narrow_role_of_the_rbac_command_is_enough_for_a_key_rotation_and_no
         rbac.delete_namespaced_role_binding(lease_binding["metadata"]["name"], "kube-system")
         rbac.delete_namespaced_role(lease_role["metadata"]["name"], "kube-system")
     assert blind.is_failed(), blind.message
-    assert 'cannot get path "/metrics"' in str(blind.message) and "keep the old key" in str(blind.message)
+    # (A rerun, configmaps-key3 having run: no verdict, and no key to be removed until there is one; issue 39.)
+    assert 'cannot get path "/metrics"' in str(blind.message) and "remove no read key" in str(blind.message)
     assert not any(k.startswith(("patch ", "update ", "create ")) for k in writes), writes
     assert refused.is_failed()
     denied = 'cannot list resource "serviceaccounts" in API group "" at the cluster scope'

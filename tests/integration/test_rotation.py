@@ -176,33 +176,6 @@ def test_a_rotation_moves_every_object_to_the_new_key_and_proves_it(
     assert read_back(api, namespace) == created
 
 
-def test_a_second_run_of_the_same_rotation_writes_nothing_and_reports_it_verified(
-    kubesim: Any, namespace: str, api: k8s.ApiClient, restore: None
-) -> None:
-    """Issue 11: requests "named from the resource and the key, so a second run of the
-    same rotation finds them Succeeded and does nothing". Seed 003: "We don't want to
-    run a migration again if it was successful. The StorageVersionMigration resource
-    can serve as a record of a successful migration." """
-    from flows.rotate_encryption_key import rotate_encryption_key
-
-    kubesim.admin.set_encryption(["key1"], resources=ENCRYPTED)
-    create_objects(api, namespace, 30)
-    make_write_key(kubesim, "key3")
-    first = rotate_encryption_key(key="key3", kubeconfig=kubesim.kubeconfig, return_state=True, **FAST)
-    assert first.is_completed(), first.message
-
-    before = kubesim.admin.counters()
-    second = rotate_encryption_key(key="key3", kubeconfig=kubesim.kubeconfig, return_state=True, **FAST)
-    after = kubesim.admin.counters()
-    assert second.is_completed(), second.message
-    assert all(r.verified and r.verify_rewritten == 0 for r in second.result().resources)
-    assert after["etcdWrites"] == before["etcdWrites"]
-    for resource in ENCRYPTED:
-        assert after["requestsByResource"].get(f"patch {resource}", 0) == before["requestsByResource"].get(
-            f"patch {resource}", 0
-        )
-
-
 def test_an_object_that_cannot_be_rewritten_fails_the_rotation_and_says_keep_the_old_key(
     kubesim: Any, namespace: str, api: k8s.ApiClient, restore: None
 ) -> None:
@@ -301,3 +274,138 @@ def test_the_detection_poll_deletes_finished_requests_past_the_retention_period(
     # one is past the period and not the newest: deleted with the other expired ones.
     assert left == {"secrets-recent-failed", "secrets-running", "secrets-failed", "configmaps-only"}
     assert any("secrets-old" in d and "retention" in d for d in summary.applied.done)
+
+
+# ----- issue 39: run again after the old key is gone --------------------------------------------
+def revisions(kubesim: Any, namespace: str) -> dict[str, int]:
+    """etcd's revision of every Secret of the namespace: a write of any of them moves one."""
+    prefix = f"/registry/secrets/{namespace}/".encode()
+    return {bytes(kv.key).decode(): kv.mod_revision for kv in kubesim.etcd.range(prefix, prefix_end(prefix)).kvs}
+
+
+def config_hash(kubesim: Any) -> str:
+    """The hash the server reports on /metrics for the configuration it runs now."""
+    return str(kubesim.admin.config()["encryption"]["configHash"])
+
+
+def verification_passes(api: k8s.ApiClient, request: str) -> dict[str, dict[str, Any]]:
+    """name -> status of each verification pass of `request` (`<request>-verify`, `-verify-2`, ...)."""
+    items = k8s.CustomObjectsApi(api).list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]
+    return {m["metadata"]["name"]: m.get("status") or {} for m in items
+            if m["metadata"]["name"].startswith(f"{request}-verify")}  # fmt: skip
+
+
+def test_a_rotation_run_again_after_the_old_key_is_gone_proves_again_and_writes_nothing(
+    kubesim: Any, namespace: str, api: k8s.ApiClient, restore: None
+) -> None:
+    """Issue 39: "rotation; then removal of the old key; then the rotation again: it Succeeds,
+    etcd's revisions under the prefix do not move, and the verdict names the current
+    configuration." And "A configuration change after the verdict that is not a removal (a new
+    read key added): the rerun proves again, and says what changed." No object deleted by hand.
+
+    Between the two, issue 11's rerun with nothing changed: requests "named from the resource and
+    the key, so a second run of the same rotation finds them Succeeded and does nothing". Seed 003:
+    "We don't want to run a migration again if it was successful. The StorageVersionMigration
+    resource can serve as a record of a successful migration." """
+    from flows.rotate_encryption_key import rotate_encryption_key
+
+    kubesim.admin.set_encryption(["key1"], resources=ENCRYPTED)
+    core = k8s.CoreV1Api(api)
+    for i in range(20):  # the rule needs a handful: one chunk of FAST's 50
+        core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=f"s-{i}"),
+                                                              string_data={"v": f"s{i}"}))  # fmt: skip
+    make_write_key(kubesim, "key2")
+    rotate = {"key": "key2", "resources": ["secrets"], "kubeconfig": kubesim.kubeconfig, "return_state": True, **FAST}
+    first = rotate_encryption_key(**rotate)
+    assert first.is_completed(), first.message
+    proven_under = config_hash(kubesim)
+    assert set(keys_in_etcd(kubesim, "secrets").values()) == {"key2"}
+
+    kubesim.admin.set_encryption(["key2"], resources=ENCRYPTED)  # the old key is gone
+    removed = config_hash(kubesim)
+    before = revisions(kubesim, namespace)
+    again = rotate_encryption_key(**rotate)
+    assert again.is_completed(), again.message
+    assert revisions(kubesim, namespace) == before, "a rerun with nothing due wrote a Secret"
+    message = again.result().message
+    assert f"Proven under encryption configuration {removed}, which every API server runs" in message
+    assert f"changed since the last proof (secrets-key2-verify under {proven_under[:19]}…)" in message
+    assert "if the old key is gone, nothing was lost with it" in message
+    assert "Do not remove" not in message and "delete" not in message
+    passes = verification_passes(api, "secrets-key2")
+    assert set(passes) == {"secrets-key2-verify", "secrets-key2-verify-2"}, "both passes stay as the record"
+    assert passes["secrets-key2-verify"]["encryptionConfigHash"] == proven_under
+    assert passes["secrets-key2-verify-2"]["encryptionConfigHash"] == removed
+    assert passes["secrets-key2-verify-2"]["progress"]["rewritten"] == 0
+
+    # Run again with nothing changed: the proof stands; nothing written to etcd, not even a request.
+    counted = kubesim.admin.counters()
+    rerun = rotate_encryption_key(**rotate)
+    assert rerun.is_completed(), rerun.message
+    assert all(r.verified and r.verify_rewritten == 0 for r in rerun.result().resources)
+    after = kubesim.admin.counters()
+    assert after["etcdWrites"] == counted["etcdWrites"]
+    assert after["requestsByResource"].get("patch secrets", 0) == counted["requestsByResource"].get("patch secrets", 0)
+
+    kubesim.admin.set_encryption(["key2", "key3"], resources=ENCRYPTED)  # a read key added: not a removal
+    added = config_hash(kubesim)
+    third = rotate_encryption_key(**rotate)
+    assert third.is_completed(), third.message
+    assert revisions(kubesim, namespace) == before
+    message = third.result().message
+    assert f"Proven under encryption configuration {added}" in message
+    assert f"changed since the last proof (secrets-key2-verify-2 under {removed[:19]}…)" in message
+    assert "key2 is still the write key under it (the new pass rewrote none of" in message
+    assert verification_passes(api, "secrets-key2")["secrets-key2-verify-3"]["encryptionConfigHash"] == added
+
+
+def test_a_rerun_after_the_old_key_went_too_early_reports_the_loss_with_its_count(
+    kubesim: Any, namespace: str, api: k8s.ApiClient, restore: None
+) -> None:
+    """Issue 39: "Where it is gone and objects are still under it, say that too, as the loss it is,
+    with the object count." The objects: written through a configuration rolled back to key1 as the
+    write key after the proof, then key1 removed. The advice (put it back, run again) is then
+    followed, and ends in a proof."""
+    from flows.rotate_encryption_key import rotate_encryption_key
+
+    core = k8s.CoreV1Api(api)
+
+    def secret(name: str) -> None:
+        core.create_namespaced_secret(namespace, k8s.V1Secret(metadata=k8s.V1ObjectMeta(name=name),
+                                                              string_data={"v": name}))  # fmt: skip
+
+    kubesim.admin.set_encryption(["key1"], resources=ENCRYPTED)
+    for i in range(5):
+        secret(f"s-{i}")
+    make_write_key(kubesim, "key2")
+    rotate = {"key": "key2", "resources": ["secrets"], "kubeconfig": kubesim.kubeconfig, "return_state": True, **FAST}
+    assert rotate_encryption_key(**rotate).is_completed()
+    kubesim.admin.set_encryption(["key1", "key2"], resources=ENCRYPTED)  # rolled back by mistake
+    for name in ("late-a", "late-b", "late-c"):
+        secret(name)
+    kubesim.admin.set_encryption(["key2"], resources=ENCRYPTED)  # then key1 removed
+    stored = keys_in_etcd(kubesim, "secrets", namespace)
+    assert sorted(k.rsplit("/", 1)[1] for k, v in stored.items() if v == "key1") == ["late-a", "late-b", "late-c"]
+
+    before = revisions(kubesim, namespace)
+    lost = rotate_encryption_key(**rotate)
+    assert lost.is_failed(), lost.message
+    assert revisions(kubesim, namespace) == before
+    message = lost.message or ""
+    assert (
+        f"not proven under encryption configuration {config_hash(kubesim)}, which every API server runs now" in message
+    )
+    assert "LOST: 3 object(s) cannot be read" in message, message
+    assert all(f"{namespace}/late-{x}" in message for x in "abc"), message
+    assert "put the old key back as a read key on every API server" in message
+    assert "Do not remove the old key yet" not in message
+    assert set(verification_passes(api, "secrets-key2")) == {"secrets-key2-verify"}, "no pass run on a loss"
+
+    # The advice followed: key1 back; the rerun's new pass re-encrypts the three, the next one proves it.
+    kubesim.admin.set_encryption(["key2", "key1"], resources=ENCRYPTED)
+    recovered = rotate_encryption_key(**rotate)
+    assert recovered.is_failed() and "rewrote 3 of" in (recovered.message or ""), recovered.message
+    assert set(keys_in_etcd(kubesim, "secrets", namespace).values()) == {"key2"}
+    proven = rotate_encryption_key(**rotate)
+    assert proven.is_completed(), proven.message
+    assert set(verification_passes(api, "secrets-key2")) == {f"secrets-key2-verify{n}" for n in ("", "-2", "-3")}

@@ -92,6 +92,10 @@ def test_a_rotation_started_mid_way_through_a_rolling_update_waits_for_the_last_
     the old key is removed from every server, every object reads with its writer's last value"
     (writers on every server throughout).
 
+    Issue 39, on the same cluster: "with the removal rolled one server at a time: no verdict while
+    they differ, and the verdict once they agree", the rotation run again writing no Secret (etcd's
+    revisions under the prefix do not move) and needing no object deleted by hand.
+
     The operator's steps follow the rotation (issue 29: no sleep guessing how long it takes to
     start waiting): server 1 is changed once the rotation is seen waiting with server 0 changed
     alone; the writes are counted once it is seen waiting with servers 0 and 1 changed; then
@@ -143,8 +147,22 @@ def test_a_rotation_started_mid_way_through_a_rolling_update_waits_for_the_last_
     everything = set(stored_keys(servers.cluster, "/registry/secrets/").values())
     assert everything == {"key2"}, "a value written during the rotation stayed under key1"
 
-    for server in range(3):  # seed 003: now the old key may go, server after server
-        servers.roll(server, KEY2)
+    # Seed 003: now the old key may go, server after server; the rotation run again meanwhile (issue 39).
+    before = revisions(servers)
+    servers.roll(0, KEY2)
+    waiting = rotate(servers, "key2", server_config_timeout=1)
+    assert waiting.is_failed(), waiting.message
+    assert "no verdict while the API servers do not run one configuration" in (waiting.message or ""), waiting.message
+    assert "keep the old key" not in (waiting.message or "")
+    assert set(verification_passes(servers)) == {"secrets-key2-verify"}, "no new pass while they differ"
+    servers.roll(1, KEY2)
+    servers.roll(2, KEY2)
+    removed = "sha256:" + hashlib.sha256(servers.files[0].read_bytes()).hexdigest()
+    again = rotate(servers, "key2")
+    assert again.is_completed(), again.message
+    assert f"Proven under encryption configuration {removed}, which every API server runs" in again.result().message
+    assert verification_passes(servers)["secrets-key2-verify-2"] == removed
+    assert revisions(servers) == before, "a rerun with nothing due wrote a Secret"
     for server in range(3):
         # Read back by LIST, one per namespace: a server answers a LIST only if it can decrypt every
         # object of it, as kube-apiserver does (issue 29: rather than a GET per object, ~300 here).
@@ -377,3 +395,23 @@ def test_a_checkpoint_taken_under_another_configuration_is_not_resumed(servers: 
     now = record.refresh().status.encryption_config_hash
     assert now is not None and now != "sha256:" + "0" * 64
     assert servers.keys_in_etcd() == {"key2"}
+
+
+def revisions(servers: ThreeServers) -> dict[str, int]:
+    """etcd's revision of every Secret (the test's namespaces'): a write of any of them moves one."""
+    from kubesim.etcd import prefix_end
+
+    prefix = b"/registry/secrets/"
+    etcd = servers.cluster.etcd()
+    try:
+        return {kv.key.decode(): kv.mod_revision for kv in etcd.range(prefix, prefix_end(prefix)).kvs}
+    finally:
+        etcd.close()
+
+
+def verification_passes(servers: ThreeServers) -> dict[str, str | None]:
+    """name -> the configuration hash each verification pass of secrets-key2 ran under."""
+    items = k8s.CustomObjectsApi(servers.api()).list_cluster_custom_object(
+        "migration.k8s.io", "v1alpha1", "storageversionmigrations")["items"]  # fmt: skip
+    return {m["metadata"]["name"]: (m.get("status") or {}).get("encryptionConfigHash")
+            for m in items if m["metadata"]["name"].startswith("secrets-key2-verify")}  # fmt: skip

@@ -20,6 +20,7 @@ poll to catch it mid-way; the refused second runbook runs in the test's process
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import signal
 import subprocess
@@ -214,6 +215,17 @@ def test_the_guided_runbook_gates_each_phase_and_resumes_after_a_kill(
             second.kill()
     assert recorded_phase(key) == "done"
     assert active_runbook() is None, "the finished run gave its place back"
+    # Issue 39: phase 5 went through the rerun's path: proven again under the configuration the servers
+    # run after the removal, by a new pass that rewrote nothing (the first stays as the record).
+    removed = "sha256:" + hashlib.sha256(operator.files[0].read_bytes()).hexdigest()
+    passes = verification_passes(cluster, f"secrets-{key}")
+    assert passes[f"secrets-{key}-verify-2"] == (removed, 0), passes
+    # And a run of the finished runbook (a schedule, an operator checking): phase 5 again, nothing written.
+    before, requests = revisions(cluster, ns), set(passes)
+    again = key_rotation_runbook(**runbook_parameters(key, kubeconfig), return_state=True)
+    assert again.is_completed(), again.message
+    assert f"key1 is gone from every API server (they run {removed}" in again.result().message
+    assert revisions(cluster, ns) == before and set(verification_passes(cluster, f"secrets-{key}")) == requests
     for server in range(3):
         core = k8s.CoreV1Api(
             k8s_config.new_client_from_config(config_file=str(kubeconfig), context=f"kubesim-{server}")
@@ -237,3 +249,31 @@ def _chunks_done(cluster: Cluster, name: str) -> int:
     finally:
         api.close()
     return int(((svm.get("status") or {}).get("progress") or {}).get("chunks") or 0)
+
+
+def verification_passes(cluster: Cluster, request: str) -> dict[str, tuple[str | None, int | None]]:
+    """name -> (the configuration hash it ran under, objects it rewrote) of each verification pass of `request`."""
+    api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        items = k8s.CustomObjectsApi(api).list_cluster_custom_object("migration.k8s.io", "v1alpha1",
+                                                                     "storageversionmigrations")["items"]  # fmt: skip
+    finally:
+        api.close()
+    status = {m["metadata"]["name"]: m.get("status") or {} for m in items
+              if m["metadata"]["name"].startswith(f"{request}-verify")}  # fmt: skip
+    return {
+        name: (st.get("encryptionConfigHash"), (st.get("progress") or {}).get("rewritten"))
+        for name, st in status.items()
+    }
+
+
+def revisions(cluster: Cluster, namespace: str) -> dict[str, int]:
+    """etcd's revision of every Secret of the namespace: a write of any of them moves one."""
+    from kubesim.etcd import prefix_end
+
+    prefix = f"/registry/secrets/{namespace}/".encode()
+    etcd = cluster.etcd()
+    try:
+        return {kv.key.decode(): kv.mod_revision for kv in etcd.range(prefix, prefix_end(prefix)).kvs}
+    finally:
+        etcd.close()

@@ -31,7 +31,8 @@ from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import MIGRATIONS_KIND_NAME, StorageVersionMigration
 
 if TYPE_CHECKING:
-    from storage_migrator.ledger.queries import Gap, InTreeHistory, UnrecordedMigration
+    from storage_migrator.ledger.in_tree_history import InTreeHistory
+    from storage_migrator.ledger.queries import Gap, UnrecordedMigration
 
 __all__ = ["command", "parse_since"]
 
@@ -165,7 +166,7 @@ def command(
     The ledger is STORAGE_MIGRATOR_DATABASE_URL; flow-run links need STORAGE_MIGRATOR_PREFECT_UI_URL or PREFECT_UI_URL. Gaps in the ledger and requests that ran without a run row are listed too (kind gap / unrecorded), and the in-tree migrations (storagemigration.k8s.io) anyone made, as detection saw them (kind in-tree, with who created them). The default cluster's runs, --cluster NAME's, or --all-clusters (every cluster in the ledger, with a CLUSTER column). Exit codes: 0 done; 1 the ledger could not be read.
     """
     # The ledger's SQLAlchemy only in the commands that read the ledger (issue 29).
-    from storage_migrator.ledger import queries
+    from storage_migrator.ledger import in_tree_history, queries
     from storage_migrator.ledger.database import display_url, ledger_engine
 
     scope = scope_of(ctx, cluster, all_clusters)
@@ -177,7 +178,9 @@ def command(
         runs = queries.history(engine, cluster=scope.cluster, resource=name, since=after,
                                ui_url=settings.prefect_ui_url, limit=limit)  # fmt: skip
         gaps = queries.gaps(engine, cluster=scope.cluster, since=after)
-        in_tree = queries.in_tree_history(engine, cluster=scope.cluster, resource=name, since=after, limit=limit)
+        in_tree = in_tree_history.in_tree_history(
+            engine, cluster=scope.cluster, resource=name, since=after, limit=limit
+        )
         names = [scope.cluster] if scope.cluster is not None else queries.clusters(engine)
         recorded = {n: queries.recorded_uids(engine, cluster=n) for n in names}
     except Exception as exc:

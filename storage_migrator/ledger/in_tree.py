@@ -46,10 +46,10 @@ def record_in_tree(
     (the poll's events). Raises when the ledger cannot be read (then nothing is queued)."""
     if not seen:
         return []
-    from storage_migrator.ledger import queries
     from storage_migrator.ledger.database import ledger_engine  # SQLAlchemy only when there is one (issue 29)
+    from storage_migrator.ledger.in_tree_history import in_tree_seen
 
-    recorded = queries.in_tree_seen(ledger_engine(writer.url), cluster=cluster, uids=[m.uid for m in seen])
+    recorded = in_tree_seen(ledger_engine(writer.url), cluster=cluster, uids=[m.uid for m in seen])
     fresh = news(seen, recorded)
     for migration in fresh:
         writer.submit(sighting(migration, cluster=cluster, now=now, flow_run_id=flow_run_id))

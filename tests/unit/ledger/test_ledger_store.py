@@ -17,7 +17,7 @@ from sqlalchemy import inspect
 
 from storage_migrator.cli.history import parse_since
 from storage_migrator.kube.in_tree import InTreeMigration
-from storage_migrator.ledger import queries
+from storage_migrator.ledger import in_tree_history, queries
 from storage_migrator.ledger.database import (
     LedgerConfigError,
     display_url,
@@ -334,13 +334,13 @@ def test_an_in_tree_migration_is_recorded_once_per_phase(tmp_path: Path) -> None
     assert writer.flush(10)
     engine = ledger_engine(url)
     assert queries.gaps(engine) == []
-    history = queries.in_tree_history(engine, cluster="prod")
+    history = in_tree_history.in_tree_history(engine, cluster="prod")
     by_uid = {h.migration_uid: h for h in history}
     assert by_uid["a"].phases_seen == ["Pending", "Running", "Succeeded"] and by_uid["a"].phase == "Succeeded"
     assert by_uid["a"].created_by == "kubectl-create" and by_uid["a"].resource_version == "40835"
     assert by_uid["a"].started_at == datetime(2026, 11, 29, 2, 7, 9, tzinfo=UTC)
     assert by_uid["b"].phases_seen == ["Running"] and by_uid["b"].created_by is None
-    assert queries.in_tree_history(engine, cluster="prod", resource="secrets") == []
-    assert {h.cluster for h in queries.in_tree_history(engine)} == {"prod", "other"}
-    assert queries.in_tree_seen(engine, cluster="prod", uids=["a", "zzz"]) == {
+    assert in_tree_history.in_tree_history(engine, cluster="prod", resource="secrets") == []
+    assert {h.cluster for h in in_tree_history.in_tree_history(engine)} == {"prod", "other"}
+    assert in_tree_history.in_tree_seen(engine, cluster="prod", uids=["a", "zzz"]) == {
         ("a", "Pending"), ("a", "Running"), ("a", "Succeeded")}  # fmt: skip

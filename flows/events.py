@@ -36,6 +36,7 @@ from prefect.settings import PREFECT_API_URL
 
 from storage_migrator.detection.changes import HashChanged, MigrationRequested, PollChanges, StateRefined
 from storage_migrator.fleet.names import DEFAULT_CLUSTER
+from storage_migrator.kube.in_tree import InTreeMigration
 from storage_migrator.models import MigrationProgress, ObjectFailure
 
 PREFIX: Final = "storage-migrator"
@@ -43,6 +44,8 @@ MIGRATION_EVENTS: Final = tuple(f"{PREFIX}.migration.{o}" for o in ("started", "
 STORAGE_VERSION_CHANGED: Final = f"{PREFIX}.storage-version.changed"
 MIGRATION_REQUESTED: Final = f"{PREFIX}.migration.requested"
 STATE_REFINED: Final = f"{PREFIX}.state.refined"
+#: Issue 36: `storage-migrator.in-tree-migration.<pending|running|succeeded|failed>`, once per object and phase.
+IN_TREE_EVENTS: Final = tuple(f"{PREFIX}.in-tree-migration.{p}" for p in ("pending", "running", "succeeded", "failed"))
 
 #: How long the outermost flow of an ephemeral run waits for its events to be stored.
 DELIVERY_TIMEOUT_SECONDS: Final = 30.0
@@ -64,6 +67,10 @@ def migration_resource_id(name: str) -> str:
 
 def state_resource_id(name: str) -> str:
     return _our_object(f"{PREFIX}.storagestate", name)
+
+
+def in_tree_resource_id(name: str) -> str:
+    return _our_object(f"{PREFIX}.in-tree-migration", name)
 
 
 def emit(event: str, *, resource: Mapping[str, str], payload: Mapping[str, Any],
@@ -136,6 +143,34 @@ def _emit_refined(refined: StateRefined) -> None:
     emit(STATE_REFINED, resource=_state_resource(refined.state, refined.group_resource),
          payload={"current_hash": refined.current_hash, "previous_persisted": refined.previous_persisted,
                   "persisted": [refined.current_hash], "migration": refined.migration})  # fmt: skip
+
+
+def emit_in_tree(migration: InTreeMigration) -> None:
+    """`storage-migrator.in-tree-migration.<phase>`: a storagemigration.k8s.io migration, anyone's, seen
+    in a phase for the first time (issue 36): who created it, where it migrated up to, its condition."""
+    emit(
+        f"{PREFIX}.in-tree-migration.{migration.phase.lower()}",
+        resource={
+            "prefect.resource.id": in_tree_resource_id(migration.name),
+            "prefect.resource.name": migration.name,
+            "storage-migrator.resource": migration.group_resource,
+        },
+        related=[
+            {
+                "prefect.resource.id": state_resource_id(migration.group_resource),
+                "prefect.resource.role": "storage-state",
+            }
+        ],
+        payload={
+            "api_version": migration.api_version,
+            "uid": migration.uid,
+            "phase": migration.phase,
+            "created_by": migration.created_by,
+            "resource_version": migration.resource_version,
+            "reason": migration.reason,
+            "message": migration.message[:1000],
+        },
+    )
 
 
 @contextmanager

@@ -234,7 +234,7 @@ def _migrate_passes(
         # chunk settled, both before the next one writes); the artifact follows at most every
         # ARTIFACT_SECONDS. Bookkeeping between chunks is time the writers stand idle.
         saved = checkpoint.submit(settings, handle, token=chunk.token_out, progress=run.progress,
-                                  failures=run.failures)  # fmt: skip
+                                  failures=run.failures, pass_resource_version=chunk.pass_resource_version)  # fmt: skip
         asked = check_agreement.submit(settings, handle)
         heard = observe_configs.submit(settings) if handle.encryption_key else None
         if artifact is not None and time.monotonic() - shown >= ARTIFACT_SECONDS:

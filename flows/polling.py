@@ -18,7 +18,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
-from flows.events import emit_poll_changes
+from flows.events import emit_in_tree, emit_poll_changes
 from storage_migrator.agreement.storage_versions import AgreementSource
 from storage_migrator.detection.observation import Observations
 from storage_migrator.detection.planner import DETECTION_LABEL_VALUE, DeleteMigration, DetectionPlan
@@ -26,6 +26,7 @@ from storage_migrator.detection.poll import plan_poll
 from storage_migrator.detection.tracking import select_resources
 from storage_migrator.fleet.names import cluster_name, scoped_key
 from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.ledger.in_tree import record_in_tree
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import PollRecord
 from storage_migrator.migration.dispatch import plan_dispatch
@@ -47,6 +48,17 @@ class PollSummary(BaseModel):
             "not those running under a live lease."
         ),
     )
+    in_tree: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Issue 36: in-tree migrations (storagemigration.k8s.io, anyone's) this poll saw in a phase the "
+            "ledger had not recorded: '<name> <resource> <phase>'; each got a ledger row and an event."
+        ),
+    )
+
+
+#: The longest a poll waits for its in-tree rows to be written (the next poll reads them to know what it saw).
+IN_TREE_FLUSH_SECONDS = 5.0
 
 
 def tracked(seen: Observations, settings: Settings) -> list[DiscoveredResource]:
@@ -89,6 +101,7 @@ def carry_out(
     `initialize` applies its plan here too (issue 24: one path), its requests
     labelled `requested-by=initialize`; `began` / `clock` are when the poll began."""
     applied = apply_plan(settings, plan, seen.states, requested_by=requested_by)
+    in_tree = note_in_tree(settings, seen)
     # Issue 12: one ledger row per poll, queued in-process (never a failure of the poll).
     writer_from_settings(settings).submit(PollRecord(
         started_at=began, finished_at=datetime.now(UTC), duration_seconds=time.monotonic() - clock,
@@ -99,6 +112,7 @@ def carry_out(
     ))  # fmt: skip
     emit_poll_changes(applied.changes)
     rows = [{"action": a} for a in applied.done] + [{"action": f"FAILED {e}"} for e in applied.errors]
+    rows += [{"action": f"observed in-tree migration {line}"} for line in in_tree]
     if rows:
         create_table_artifact(
             table=rows,
@@ -115,4 +129,32 @@ def carry_out(
         agreement_source=seen.agreement_source,
         api_servers=seen.api_servers,
         runnable=sorted({*startable, *applied.created_migrations}),
+        in_tree=in_tree,
     )
+
+
+def note_in_tree(settings: Settings, seen: Observations) -> list[str]:
+    """Issue 36: a ledger row and an event for each in-tree migration (anyone's) in a phase the ledger has
+    not recorded; what the report lists. Never a failure of the poll: a ledger that cannot be read is a
+    warning, and a later poll records them."""
+    if not seen.in_tree:
+        return []
+    logger = get_run_logger()
+    writer = writer_from_settings(settings)
+    try:
+        fresh = record_in_tree(writer, seen.in_tree, cluster=cluster_name(settings.cluster), now=datetime.now(UTC),
+                               flow_run_id=str(flow_run.id) if flow_run.id else None)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the ledger never fails a poll (issue 12)
+        logger.warning("in-tree migrations not recorded by this poll: the ledger could not be read (%s); "
+                       "a later poll records them", exc)  # fmt: skip
+        return []
+    lines = []
+    for migration in fresh:
+        emit_in_tree(migration)
+        who = migration.created_by or "creator unknown"
+        lines.append(f"{migration.display_name} ({migration.api_version}, {who}) {migration.group_resource} "
+                     f"{migration.phase}")  # fmt: skip
+        logger.info("observed in-tree migration %s", lines[-1])
+    if fresh:
+        writer.flush(IN_TREE_FLUSH_SECONDS)  # the next poll, maybe in another process, reads what this one saw
+    return lines

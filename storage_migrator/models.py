@@ -272,6 +272,16 @@ class StorageVersionMigrationStatus(WireModel):
         ),
     )
     progress: MigrationProgress | None = Field(default=None, description="Counters of objects handled so far.")
+    resource_version: str | None = Field(
+        default=None,
+        description=(
+            "The list resourceVersion of the first LIST of the current pass: every object that existed "
+            "then was rewritten, as storagemigration.k8s.io's status.resourceVersion says for its own "
+            "migrations. Kept by a resumed run; a new pass from the beginning records its own. A "
+            "StorageState is refined only by a migration whose resourceVersion is later than the one "
+            "the state recorded its current hash at (issue 36)."
+        ),
+    )
     started_at: KubeTime | None = Field(default=None, description="When the migration (first) started running.")
     finished_at: KubeTime | None = Field(default=None, description="When the migration succeeded or failed.")
     failures: list[ObjectFailure] = Field(
@@ -363,6 +373,15 @@ class StorageStateStatus(WireModel):
             "A list of current storage version hashes. In case of HA setup, the storage "
             "version hashes exposed by all API server instances are reported here. In "
             "case of non-HA setup, this list should only contain one element."
+        ),
+    )
+    current_hash_resource_version: str | None = Field(
+        default=None,
+        description=(
+            "The resource's list resourceVersion (a LIST with limit 1) when currentStorageVersionHash "
+            "was recorded: only a migration whose first LIST came later (a greater resourceVersion) "
+            "refines persistedStorageVersionHashes. Absent until recorded (a state written by an "
+            "older storage-migrator, or a read that failed): the next poll records it."
         ),
     )
 

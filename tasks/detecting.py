@@ -36,6 +36,8 @@ from storage_migrator.detection.states import create_state, write_state
 from storage_migrator.fleet.names import cluster_name
 from storage_migrator.kube.crds import CRDS
 from storage_migrator.kube.errors import Forbidden, KubeError, NotFound
+from storage_migrator.kube.listing import current_resource_version
+from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import delete_object, patch_object
 from storage_migrator.ledger.recorder import writer_from_settings
 from storage_migrator.ledger.records import StateChange
@@ -108,14 +110,18 @@ def apply_plan(
     by_name = {s.metadata.name: s for s in states}
     applied = Applied()
     unwritten: set[str] = set()
+    unordered: set[str] = set()
     ledger = writer_from_settings(settings)  # issue 12: in this task, no task run of its own
     with connected(settings) as api:
         for action in plan.actions:
-            if isinstance(action, CreateMigration) and action.group_resource in unwritten:
+            if isinstance(action, CreateMigration) and action.group_resource in unwritten | unordered:
+                why = "write failed" if action.group_resource in unwritten else "switch has no resourceVersion"
                 applied.errors.append(f"{action.kind}: not requested for {action.group_resource}: its "
-                                      f"{STATES_KIND_NAME} write failed (the next poll plans again)")  # fmt: skip
+                                      f"{STATES_KIND_NAME} {why} (the next poll plans again)")  # fmt: skip
                 logger.warning("%s", applied.errors[-1])
                 continue
+            if isinstance(action, CreateState | UpdateState) and action.record_switch is not None:
+                action = _with_switch(api, action, settings, applied, unordered)
             try:
                 done, change = _apply_one(api, action, by_name, applied, requested_by=requested_by)
             except KubeError as exc:
@@ -139,6 +145,30 @@ def apply_plan(
     return applied
 
 
+def _with_switch(
+    api: ApiClient, action: CreateState | UpdateState, settings: Settings, applied: Applied, unordered: set[str]
+) -> CreateState | UpdateState:
+    """The state write with the resource's list resourceVersion now, read after discovery showed the hash
+    (issue 36: what refinement is ordered by). A read that fails leaves the write without one (its hashes
+    are still the truth to record), holds back its request (a migration could not be ordered after it) and
+    is reported; the next poll reads it again."""
+    ref = action.record_switch
+    assert ref is not None
+    try:
+        switch = current_resource_version(api, ResourceRef(group=ref.group, version=ref.version,
+                                                           resource=ref.resource),
+                                          timeout=settings.request_timeout_seconds)  # fmt: skip
+    except KubeError as exc:
+        message = f"{action.kind}: the resourceVersion of {action.name} could not be read: {exc}"
+        applied.errors.append(message)
+        if isinstance(exc, Forbidden) and exc.permission:
+            applied.denied.append(message)
+        get_run_logger().warning("%s (written without it; the next poll reads it again)", message)
+        unordered.add(action.name)
+        switch = None
+    return action.model_copy(update={"record_switch": None, "switch_resource_version": switch})
+
+
 def _apply_one(
     api: ApiClient, action: Action, by_name: dict[str | None, StorageState], applied: Applied, *, requested_by: str
 ) -> tuple[str, StateChange | None]:
@@ -147,7 +177,8 @@ def _apply_one(
         create_state(api, name=action.name, group=action.group, resource=action.resource,
                      current_hash=action.current_hash, persisted=action.persisted,
                      heartbeat=action.heartbeat, annotations=_ours(action.annotations),
-                     current_hashes=action.current_hashes)  # fmt: skip
+                     current_hashes=action.current_hashes,
+                     switch_resource_version=action.switch_resource_version)  # fmt: skip
         return f"created {STATES_KIND_NAME}/{action.name}: {action.reason}", _state_change(action, None)
     if isinstance(action, UpdateState):
         old = by_name.get(action.name)
@@ -155,7 +186,8 @@ def _apply_one(
                     current_hash=action.current_hash, persisted=action.persisted,
                     heartbeat=action.heartbeat, annotations=_ours(action.annotations),
                     old_annotations=_ours(old.metadata.annotations if old else None),
-                    current_hashes=action.current_hashes)  # fmt: skip
+                    current_hashes=action.current_hashes,
+                    switch_resource_version=action.switch_resource_version)  # fmt: skip
         applied.changes.add_update(action, old)
         return f"updated {STATES_KIND_NAME}/{action.name}: {action.reason}", _state_change(action, old)
     if isinstance(action, DeleteMigration):

@@ -248,10 +248,13 @@ def checkpoint(
     token: str | None,
     progress: MigrationProgress,
     failures: list[ObjectFailure],
+    pass_resource_version: str | None = None,
 ) -> None:
-    """Save the next token and the counters; `MigrationCancelled` if the request is gone."""
+    """Save the next token and the counters (and, after a pass's first chunk, its list
+    resourceVersion: issue 36); `MigrationCancelled` if the request is gone."""
     with connected(settings) as api:
-        _record(api, handle).save(token=token, progress=progress, failures=failures, now=_now())
+        _record(api, handle).save(token=token, progress=progress, failures=failures, now=_now(),
+                                  pass_resource_version=pass_resource_version)  # fmt: skip
 
 
 @task(name="check-agreement", **REQUEST_RETRIES, **PRIVATE)

@@ -8,6 +8,9 @@ objects are the source of truth; the ledger only their history), and a run
 whose end never reached the ledger is shown `unknown` once it is over. Issue
 20: one ledger holds a fleet's history; a command shows one cluster's runs, or
 every cluster's with a CLUSTER column, each cross-checked against its own cluster.
+Issue 36: the in-tree migrations (``storagemigration.k8s.io``) anyone made, as
+detection recorded them, are rows of kind ``in-tree``, with who created them
+where the object says so (its field manager), else ``unknown``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import MIGRATIONS_KIND_NAME, StorageVersionMigration
 
 if TYPE_CHECKING:
+    from storage_migrator.ledger.in_tree_history import InTreeHistory
     from storage_migrator.ledger.queries import Gap, UnrecordedMigration
 
 __all__ = ["command", "parse_since"]
@@ -75,6 +79,26 @@ def _gap_row(g: Gap) -> dict[str, Any]:
     return row
 
 
+#: What `history` says of an in-tree migration whose object names no field manager (issue 36).
+CREATOR_UNKNOWN = "unknown (the object does not say)"
+
+
+def _in_tree_row(h: InTreeHistory) -> dict[str, Any]:
+    """An in-tree migration (storagemigration.k8s.io, anyone's) as a history row: who created it, where
+    the object says so; the phase polls last saw it in; no counters (its controller keeps none we read)."""
+    from storage_migrator.ledger.queries import RunHistory
+
+    row: dict[str, Any] = {key: None for key in RunHistory.model_fields}
+    duration = (h.finished_at - h.started_at).total_seconds() if h.finished_at and h.started_at else None
+    row.update(kind="in-tree", cluster=h.cluster, migration=h.migration, migration_uid=h.migration_uid,
+               resource=h.resource, requested_by=h.created_by or CREATOR_UNKNOWN, started_at=h.started_at,
+               finished_at=h.finished_at, duration_seconds=duration, outcome=h.phase.lower(), reason=h.reason,
+               message=h.message, listed=0, rewritten=0, unchanged=0, gone=0, conflicted=0, failed=0, chunks=0,
+               passes=1, api_version=h.api_version, created_by=h.created_by, phases_seen=h.phases_seen,
+               resource_version=h.resource_version)  # fmt: skip
+    return row
+
+
 def _requests(ctx: typer.Context, cluster: str) -> list[StorageVersionMigration] | None:
     """The cluster's requests; None with a warning when the cluster cannot be read."""
     try:
@@ -111,9 +135,14 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _shown(row: dict[str, Any]) -> str:
+    """The MIGRATION cell: an in-tree one says so (its name is in storagemigration.k8s.io, not ours)."""
+    return f"{row['migration']} (in-tree)" if row["kind"] == "in-tree" else str(row["migration"] or "")
+
+
 def _table(rows: list[dict[str, Any]], *, clusters: bool) -> str:
     return render_table((["CLUSTER"] if clusters else []) + HEADERS, [
-        ([_cell(r["cluster"])] if clusters else []) + [_cell(r["started_at"]), _cell(r["resource"]), _cell(r["migration"]), _cell(r["requested_by"]),
+        ([_cell(r["cluster"])] if clusters else []) + [_cell(r["started_at"]), _cell(r["resource"]), _cell(_shown(r)), _cell(r["requested_by"]),
          _cell(r["outcome"]), _cell(r["duration_seconds"]), _cell(r["listed"]), _cell(r["rewritten"]),
          _cell(r["failed"]), _cell(r["flow_run_url"] or r["flow_run_id"])]
         for r in rows
@@ -134,10 +163,10 @@ def command(
 ) -> None:
     """Past migration runs from the ledger, newest first: outcome, who asked, counters, the flow run and its UI URL.
 
-    The ledger is STORAGE_MIGRATOR_DATABASE_URL; flow-run links need STORAGE_MIGRATOR_PREFECT_UI_URL or PREFECT_UI_URL. Gaps in the ledger and requests that ran without a run row are listed too (kind gap / unrecorded). The default cluster's runs, --cluster NAME's, or --all-clusters (every cluster in the ledger, with a CLUSTER column). Exit codes: 0 done; 1 the ledger could not be read.
+    The ledger is STORAGE_MIGRATOR_DATABASE_URL; flow-run links need STORAGE_MIGRATOR_PREFECT_UI_URL or PREFECT_UI_URL. Gaps in the ledger and requests that ran without a run row are listed too (kind gap / unrecorded), and the in-tree migrations (storagemigration.k8s.io) anyone made, as detection saw them (kind in-tree, with who created them). The default cluster's runs, --cluster NAME's, or --all-clusters (every cluster in the ledger, with a CLUSTER column). Exit codes: 0 done; 1 the ledger could not be read.
     """
     # The ledger's SQLAlchemy only in the commands that read the ledger (issue 29).
-    from storage_migrator.ledger import queries
+    from storage_migrator.ledger import in_tree_history, queries
     from storage_migrator.ledger.database import display_url, ledger_engine
 
     scope = scope_of(ctx, cluster, all_clusters)
@@ -149,6 +178,9 @@ def command(
         runs = queries.history(engine, cluster=scope.cluster, resource=name, since=after,
                                ui_url=settings.prefect_ui_url, limit=limit)  # fmt: skip
         gaps = queries.gaps(engine, cluster=scope.cluster, since=after)
+        in_tree = in_tree_history.in_tree_history(
+            engine, cluster=scope.cluster, resource=name, since=after, limit=limit
+        )
         names = [scope.cluster] if scope.cluster is not None else queries.clusters(engine)
         recorded = {n: queries.recorded_uids(engine, cluster=n) for n in names}
     except Exception as exc:
@@ -164,9 +196,10 @@ def command(
         rows += [{"kind": "run", **r.model_dump()} for r in queries.settle_open_runs(mine, phases)]
         rows += _unrecorded(each, found, recorded[each], name, after) if found is not None else []
     rows += [_gap_row(g) for g in gaps if not name or not g.resources or name in g.resources]
+    rows += [_in_tree_row(h) for h in in_tree]
     rows.sort(key=lambda r: r["started_at"] or r["finished_at"] or datetime.min.replace(tzinfo=UTC), reverse=True)
     for row in rows:
-        if row["kind"] != "run" or row["outcome"] == "unknown":
+        if row["kind"] not in ("run", "in-tree") or row["outcome"] == "unknown":
             print(f"warning: {row['message']}", file=sys.stderr)
     data = [{k: (v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime) else v) for k, v in r.items()}
             for r in rows]  # fmt: skip

@@ -17,4 +17,6 @@ when one completes, and delete finished requests after a while (seed 003).
     changes.py       what a poll changed, as typed records for events
     states.py        reading and writing StorageState objects
     retention.py     which finished requests the poll deletes
+    ordering.py      which migration came after a switch: by resourceVersion (issue 36)
+    in_tree.py       storagemigration.k8s.io migrations anyone made: held requests, news (issue 36)
 """

@@ -14,7 +14,7 @@ from typing import Annotated, Final, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from storage_migrator.detection.tracking import SkippedResource
-from storage_migrator.models import StorageVersionHash, storage_state_name
+from storage_migrator.models import GroupVersionResource, StorageVersionHash, storage_state_name
 
 __all__ = [
     "INITIALIZE_REQUESTER",
@@ -55,6 +55,16 @@ class CreateState(_Action):
     current_hashes: list[StorageVersionHash] = Field(
         default_factory=list, description="status.currentStorageVersionHashes: one entry per reporter (seed 000, HA)."
     )
+    record_switch: GroupVersionResource | None = Field(
+        default=None,
+        description=(
+            "Issue 36: LIST this resource (limit 1) when applying, and record its list resourceVersion as "
+            "status.currentHashResourceVersion; None: the reporters disagree, no hash is recorded yet."
+        ),
+    )
+    switch_resource_version: str | None = Field(
+        default=None, description="status.currentHashResourceVersion, once the apply step has read it."
+    )
 
 
 class UpdateState(_Action):
@@ -81,7 +91,21 @@ class UpdateState(_Action):
     )
     refined_by: str | None = Field(
         default=None,
-        description="The Succeeded migration that refines persisted to [current] in this update, if it does.",
+        description=(
+            "The Succeeded migration that refines persisted to [current] in this update, if it does: our "
+            "request's name, or storageversionmigrations.storagemigration.k8s.io/<name> for an in-tree one."
+        ),
+    )
+    switch_resource_version: str | None = Field(
+        default=None,
+        description="status.currentHashResourceVersion to write: the one read (None: none, or record_switch).",
+    )
+    record_switch: GroupVersionResource | None = Field(
+        default=None,
+        description=(
+            "Issue 36: the current hash is recorded (again) in this write: LIST this resource (limit 1) "
+            "when applying, and write its list resourceVersion instead of switch_resource_version."
+        ),
     )
 
 

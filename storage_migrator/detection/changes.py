@@ -98,4 +98,6 @@ def is_heartbeat(action: UpdateState, old: StorageState | None) -> bool:
         and action.persisted == list(status.persisted_storage_version_hashes)
         and action.annotations == dict(old.metadata.annotations or {})
         and [(e.reporter_id, e.current_storage_version_hash) for e in action.current_hashes] == reporters
+        and action.record_switch is None
+        and action.switch_resource_version == status.current_hash_resource_version
     )

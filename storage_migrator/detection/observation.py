@@ -9,6 +9,7 @@ discovery and CRD names, never the data of a migrated object.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from kubernetes.client import ApiClient
@@ -20,6 +21,8 @@ from storage_migrator.agreement.storage_versions import AgreementSource
 from storage_migrator.detection.states import list_states
 from storage_migrator.kube.crds import CrdObservation, read_crds
 from storage_migrator.kube.discovery import DiscoveredResource, GroupVersionFailure, discover
+from storage_migrator.kube.errors import NotFound
+from storage_migrator.kube.in_tree import InTreeMigration, in_tree_version, list_in_tree
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import StorageState, StorageVersionMigration
 from storage_migrator.settings import Settings
@@ -28,7 +31,7 @@ __all__ = ["Observations", "observe_cluster"]
 
 
 class Observations(BaseModel):
-    """What one poll saw: discovery, StorageStates, migrations and CRDs (no object data)."""
+    """What one poll saw: discovery, StorageStates, migrations (ours and in-tree) and CRDs (no object data)."""
 
     discovered: list[DiscoveredResource]
     discovery_failures: list[GroupVersionFailure] = Field(
@@ -49,6 +52,17 @@ class Observations(BaseModel):
         ),
     )
 
+    in_tree: list[InTreeMigration] = Field(
+        default_factory=list,
+        description=(
+            "Issue 36: the storagemigration.k8s.io migrations anyone made (kubectl, Gardener, a "
+            "provider's tooling), read in in_tree_version; empty where the API is not served."
+        ),
+    )
+    in_tree_version: str | None = Field(
+        default=None, description="The version of storagemigration.k8s.io read (v1 where served, else v1beta1)."
+    )
+
     @property
     def failed_group_versions(self) -> list[str]:
         """The group versions discovery could not read: their resources are left for the next poll."""
@@ -58,13 +72,19 @@ class Observations(BaseModel):
 def observe_cluster(
     api: ApiClient, settings: Settings, *, connect: Callable[[str], ApiClient] | None = None
 ) -> Observations:
-    """Discovery, CRDs, what each API server encodes, StorageStates and migrations.
+    """Discovery, CRDs, what each API server encodes, StorageStates, migrations (ours and in-tree ones).
 
     ``connect(server)`` gives a client of one API server with ``api``'s credentials
     (see ``observe_agreement``; tasks pass one that honours a Prefect block)."""
     found = discover(api, timeout=settings.request_timeout_seconds)
     crds = read_crds(api)
     agreement = observe_agreement(api, settings, found.resources, connect=connect)
+    version = in_tree_version(found.resources)
+    in_tree: list[InTreeMigration] = []
+    if version is not None:
+        # Served since discovery read it, else nothing: a group that is not served is no error.
+        with contextlib.suppress(NotFound):
+            in_tree = list_in_tree(api, version, timeout=settings.request_timeout_seconds)
     return Observations(
         discovered=found.resources,
         discovery_failures=list(found.failed),
@@ -75,4 +95,6 @@ def observe_cluster(
         agreement_source=agreement.source,
         api_servers=agreement.servers,
         unheard=agreement.unheard,
+        in_tree=in_tree,
+        in_tree_version=version,
     )

@@ -13,11 +13,16 @@ Our refinements of the seed, each one named where it is applied:
 - *Settle delay* (seed 004's loose guarantee: API servers take about a minute
   to agree): after a hash change the migration is requested only once
   ``settle-until`` has passed, on a later poll.
-- *Refinement guarded by the target hash and by time*: a Succeeded migration
-  makes ``persisted == [current]`` only if it migrated to the current hash
-  (``status.targetStorageVersionHash``) and started after the current hash was
-  recorded (``current-hash-since``), so an old migration to A never refines a
-  state after A -> B -> A.
+- *Refinement guarded by the target hash and by causal order* (issue 36): a
+  Succeeded migration makes ``persisted == [current]`` only if it migrated to the
+  current hash (``status.targetStorageVersionHash``) and its first LIST came after
+  the current hash was recorded, by resourceVersion (``status.resourceVersion``
+  against the state's ``status.currentHashResourceVersion``; ordering.py), so an
+  old migration to A never refines a state after A -> B -> A, nor one that began a
+  second before the switch was recorded.
+- *In-tree migrations by anyone* (issue 36): a ``storagemigration.k8s.io`` object
+  that succeeded refines a state by the same order; while one runs for a resource,
+  detection requests nothing for it (in_tree.py).
 - *Staleness* is judged against two poll periods, not the seed's literal 10
   minutes (DESIGN 4.3).
 - *Retries* of a failed migration back off (10 min, 20, 40 ... capped at a
@@ -80,6 +85,7 @@ from storage_migrator.detection.actions import (
     TrimStoredVersions,
     UpdateState,
 )
+from storage_migrator.detection.in_tree import hold_reason, holding, not_picked_up
 from storage_migrator.detection.rules import (
     DETECTION_LABEL,
     DETECTION_LABEL_VALUE,
@@ -93,6 +99,7 @@ from storage_migrator.detection.rules import (
     retry_delay_seconds,
 )
 from storage_migrator.detection.status_draft import (
+    Proof,
     StatusDraft,
     draft_of,
     forget_since,
@@ -103,9 +110,11 @@ from storage_migrator.detection.status_draft import (
 from storage_migrator.detection.tracking import track_storage
 from storage_migrator.kube.crds import CrdObservation, storage_version_hash
 from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.kube.in_tree import InTreeMigration
 from storage_migrator.migration.dispatch import is_finished, migration_resource
 from storage_migrator.models import (
     UNKNOWN,
+    GroupVersionResource,
     StorageState,
     StorageVersionMigration,
     as_utc,
@@ -147,10 +156,21 @@ class _Observed:
     migrations: list[StorageVersionMigration]
     crd: CrdObservation | None
     reports: list[tuple[str, str]]
+    in_tree: list[InTreeMigration]
 
     @property
     def pending(self) -> list[StorageVersionMigration]:
         return [m for m in self.migrations if not is_finished(m)]
+
+    @property
+    def ref(self) -> GroupVersionResource:
+        """The resource to LIST for its resourceVersion when a hash is recorded (issue 36)."""
+        return GroupVersionResource(group=self.entry.group, version=self.entry.version, resource=self.entry.resource)
+
+    def in_tree_hold(self, *, now: datetime, settings: DetectionSettings) -> tuple[InTreeMigration | None, list[str]]:
+        """The in-tree migration that holds our requests, and what the report says of those that do not."""
+        held, stuck = holding(self.in_tree, now=now, pickup_seconds=settings.stale_after_seconds)
+        return held, [not_picked_up(m, pickup_seconds=settings.stale_after_seconds) for m in stuck]
 
 
 def plan_detection(
@@ -162,6 +182,7 @@ def plan_detection(
     now: datetime,
     settings: DetectionSettings,
     reporters: Sequence[ReporterHash] = (),
+    in_tree: Sequence[InTreeMigration] = (),
 ) -> DetectionPlan:
     """The actions of one poll of seed 000's triggering controller.
 
@@ -170,6 +191,7 @@ def plan_detection(
     tracked resource none of them names has one reporter,
     :data:`~storage_migrator.agreement.reporters.DISCOVERY_REPORTER`, showing the hash
     of ``discovered``: the single-server case, through the same rules.
+    ``in_tree`` are the ``storagemigration.k8s.io`` objects anyone made (issue 36).
     StorageStates whose resource is not in ``discovered`` are left alone (no
     action): the resource may be served again later (a CRD being re-created, an
     aggregated API server down, a partial discovery poll), and its state still
@@ -182,6 +204,9 @@ def plan_detection(
     migrations_of: dict[str, list[StorageVersionMigration]] = {}
     for migration in sorted(migrations, key=lambda m: m.metadata.name or ""):
         migrations_of.setdefault(migration_resource(migration), []).append(migration)
+    in_tree_of: dict[str, list[InTreeMigration]] = {}
+    for other in sorted(in_tree, key=lambda m: m.name):
+        in_tree_of.setdefault(other.group_resource, []).append(other)
     reports_of: dict[str, list[tuple[str, str]]] = {}
     for report in reporters:
         reports_of.setdefault(report.group_resource, []).append((report.reporter_id, report.hash))
@@ -199,6 +224,7 @@ def plan_detection(
             migrations=[m for alias in aliases for m in migrations_of.get(alias, [])],
             crd=crds_by_resource.get((entry.group, entry.resource)),
             reports=reports or [(DISCOVERY_REPORTER, entry.storage_version_hash)],
+            in_tree=[m for alias in aliases for m in in_tree_of.get(alias, [])],
         )
         if observed.state is None:
             actions.extend(_plan_new(observed, now=now, settings=settings))
@@ -220,6 +246,12 @@ def _plan_new(observed: _Observed, *, now: datetime, settings: DetectionSettings
     """
     entry = observed.entry
     reporters = record_reports([], observed.reports, now=now, poll_seconds=settings.poll_seconds)
+    held, notes = observed.in_tree_hold(now=now, settings=settings)
+    reasons = ["no StorageState: created with persisted [Unknown] (seed 000)"]
+    if not reporters.agreed:
+        reasons.append(f"reporters disagree ({describe(reporters)})")
+    elif held is not None:
+        reasons.append(hold_reason(held))
     actions: list[Action] = [
         CreateState(
             name=observed.name,
@@ -230,11 +262,11 @@ def _plan_new(observed: _Observed, *, now: datetime, settings: DetectionSettings
             heartbeat=now,
             annotations={SINCE_ANNOTATION: format_time(now)} if reporters.agreed else {},
             current_hashes=reporters.entries,
-            reason="no StorageState: created with persisted [Unknown] (seed 000)"
-            + ("" if reporters.agreed else f"; reporters disagree ({describe(reporters)})"),
+            record_switch=observed.ref if reporters.agreed else None,
+            reason="; ".join(reasons + notes),
         )
     ]
-    if reporters.agreed and not observed.pending:
+    if reporters.agreed and not observed.pending and held is None:
         actions.append(
             _create_migration(entry, reporters.agreed, "new StorageState: migrate to learn what is stored (seed 000)")
         )
@@ -256,7 +288,8 @@ def _plan_existing(
         settle(draft, now=now, settings=settings)
     if reporters.disagree:
         forget_since(draft, reporters)
-    proof = refine(draft, observed.migrations, reporters)
+    proof = refine(draft, observed.migrations, reporters, observed.in_tree)
+    request = _request(observed, draft, reporters, deleted={d.name for d in deletions}, now=now, settings=settings)
     update = UpdateState(
         name=observed.name,
         resource_version=state.metadata.resource_version or "",
@@ -267,12 +300,13 @@ def _plan_existing(
         current_hashes=reporters.entries,
         reason="; ".join(draft.reasons),
         refined_by=draft.refined_by,
+        switch_resource_version=draft.switch_rv,
+        record_switch=observed.ref if draft.record_switch else None,
     )
     actions: list[Action] = [*deletions, update]
     trim = _trim(observed, draft.current, proof)
     if trim is not None:
         actions.append(trim)
-    request = _request(observed, draft, reporters, deleted={d.name for d in deletions}, now=now, settings=settings)
     if request is not None:
         actions.append(request)
     return actions
@@ -302,7 +336,7 @@ def _cancellations(
     ]
 
 
-def _trim(observed: _Observed, current: str, proof: StorageVersionMigration | None) -> TrimStoredVersions | None:
+def _trim(observed: _Observed, current: str, proof: Proof | None) -> TrimStoredVersions | None:
     """DESIGN 4.3: for custom resources, refinement also trims the CRD's status.storedVersions.
 
     So the old version can be removed from the CRD; never when the CRD's storage
@@ -318,7 +352,7 @@ def _trim(observed: _Observed, current: str, proof: StorageVersionMigration | No
         crd_name=crd.name,
         stored_versions=[crd.storage_version],
         resource_version=crd.resource_version,
-        reason=f"every {observed.name} is stored in {crd.storage_version} (migration {proof.metadata.name})",
+        reason=f"every {observed.name} is stored in {crd.storage_version} (migration {proof.name})",
     )
 
 
@@ -337,7 +371,8 @@ def _request(
     version, AND the lastHeartbeatTime in all items of the
     CurrentStorageVersionHashes are no older than 1 polling period (10 mins) AND
     the hashes in currentStorageVersionHashes have been identical" (in this poll:
-    see the module docstring); then the settle delay, no other pending request,
+    see the module docstring); then the settle delay, no other pending request
+    (ours, anyone's, or an in-tree one running: issue 36, said in the report),
     and the back-off after failures.
     """
     current = draft.current
@@ -346,6 +381,11 @@ def _request(
     if draft.settle_until is not None and now < draft.settle_until:
         return None
     if any(m.metadata.name not in deleted for m in observed.pending):
+        return None
+    held, notes = observed.in_tree_hold(now=now, settings=settings)
+    draft.reasons.extend(notes)
+    if held is not None:
+        draft.reasons.append(hold_reason(held))
         return None
     allowed_at, failures = retry_allowed_at(observed.migrations, current=current, since=draft.since, settings=settings)
     if allowed_at is not None and now < allowed_at:

@@ -40,7 +40,7 @@ def plan_poll(seen: Observations, settings: Settings, *, now: datetime) -> Detec
                                   exclude=settings.exclude_resources)  # fmt: skip
     plan = plan_detection(
         discovered=discovered, states=seen.states, migrations=seen.migrations, crds=seen.crds,
-        reporters=seen.reporters, now=now, settings=detection_settings(settings),
+        reporters=seen.reporters, in_tree=seen.in_tree, now=now, settings=detection_settings(settings),
     )  # fmt: skip
     # Issue 11: finished requests past their retention go with the poll's other deletions.
     planned = {a.name for a in plan.of_kind(DeleteMigration)}

@@ -2,7 +2,7 @@
 
 Shared by the planner (:mod:`storage_migrator.detection.planner`) and the status
 draft (:mod:`storage_migrator.detection.status_draft`): which migrations are
-detection's own, which one proves a hash, and the back-off after failed ones
+detection's own, which attempts count, and the back-off after failed ones
 (10 min, 20, 40 ... capped at a day; a hash change resets it).
 """
 
@@ -91,8 +91,12 @@ def is_detection_migration(migration: StorageVersionMigration) -> bool:
     return (migration.metadata.labels or {}).get(DETECTION_LABEL) in PLANNER_REQUESTERS
 
 
-def proves(migration: StorageVersionMigration, *, current: str, since: datetime | None) -> bool:
-    """Whether this migration rewrote every object to ``current`` after ``current`` was recorded."""
+def attempted_since(migration: StorageVersionMigration, *, current: str, since: datetime | None) -> bool:
+    """Whether this migration was an attempt at ``current`` that started since ``since`` (by the clock).
+
+    Only the back-off after failed attempts counts by time: a second's doubt there
+    moves a retry by a second. What proves a hash is ordered by resourceVersion
+    (:mod:`storage_migrator.detection.ordering`, issue 36)."""
     started = migration.status.started_at
     return (
         since is not None
@@ -115,7 +119,7 @@ def retry_allowed_at(
         for m in migrations
         if is_detection_migration(m)
         and is_condition_true(m.status.conditions, CONDITION_FAILED)
-        and proves(m, current=current, since=since)
+        and attempted_since(m, current=current, since=since)
     ]
     if not failed:
         return None, 0

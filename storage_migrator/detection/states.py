@@ -7,7 +7,9 @@ resourceVersion the plan was made from, so a concurrent writer (another poll,
 an operator resetting the state) makes the write fail instead of being
 overwritten; the next poll plans again from what is there. Our bookkeeping
 annotations (when the current hash was first seen, when the settle delay ends)
-live in metadata and are written first, only when they change.
+live in metadata and are written first, only when they change. Issue 36: the
+resource's list resourceVersion when the current hash was recorded is written in
+the same status update (``currentHashResourceVersion``).
 """
 
 from __future__ import annotations
@@ -42,14 +44,22 @@ def list_states(api: ApiClient) -> list[StorageState]:
 
 
 def _status(
-    current_hash: str, persisted: list[str], heartbeat: datetime, current_hashes: list[StorageVersionHash]
+    current_hash: str,
+    persisted: list[str],
+    heartbeat: datetime,
+    current_hashes: list[StorageVersionHash],
+    switch_resource_version: str | None,
 ) -> dict[str, Any]:
-    return StorageStateStatus(
+    wire = StorageStateStatus(
         current_storage_version_hash=current_hash,
         persisted_storage_version_hashes=persisted,
         last_heartbeat_time=heartbeat,
         current_storage_version_hashes=current_hashes,
+        current_hash_resource_version=switch_resource_version,
     ).to_wire()
+    # A merge patch keeps a key it does not name: null removes a resourceVersion no longer true.
+    wire.setdefault("currentHashResourceVersion", None)
+    return wire
 
 
 def create_state(
@@ -63,6 +73,7 @@ def create_state(
     heartbeat: datetime,
     annotations: dict[str, str],
     current_hashes: list[StorageVersionHash] | None = None,
+    switch_resource_version: str | None = None,
 ) -> StorageState:
     """Create the object, then its status (a status subresource ignores status on create)."""
     state = StorageState(
@@ -72,7 +83,7 @@ def create_state(
     created = StorageState.model_validate(create_object(api, STATES, state.to_wire()))
     answer = patch_object(
         api, STATES, name=name, subresource="status", resource_version=created.metadata.resource_version,
-        patch={"status": _status(current_hash, persisted, heartbeat, current_hashes or [])},
+        patch={"status": _status(current_hash, persisted, heartbeat, current_hashes or [], switch_resource_version)},
     )  # fmt: skip
     return StorageState.model_validate(answer)
 
@@ -88,6 +99,7 @@ def write_state(
     annotations: dict[str, str],
     old_annotations: dict[str, str],
     current_hashes: list[StorageVersionHash] | None = None,
+    switch_resource_version: str | None = None,
 ) -> StorageState:
     """One status update conditional on `resource_version` (409 Conflict if the state moved)."""
     rv = resource_version
@@ -98,6 +110,6 @@ def write_state(
         rv = str(answer["metadata"]["resourceVersion"])
     answer = patch_object(
         api, STATES, name=name, subresource="status", resource_version=rv,
-        patch={"status": _status(current_hash, persisted, heartbeat, current_hashes or [])},
+        patch={"status": _status(current_hash, persisted, heartbeat, current_hashes or [], switch_resource_version)},
     )  # fmt: skip
     return StorageState.model_validate(answer)

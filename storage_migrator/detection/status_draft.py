@@ -5,6 +5,12 @@ state into a :class:`StatusDraft`, then each rule of seed 000 changes it in turn
 (stale reset or change or heartbeat, the settle delay, forgetting SINCE while the
 API servers disagree, refinement), each rule quoted where it is applied, so the
 state gets at most one write per poll.
+
+Issue 36: the moment the current hash is recorded is two things, written
+together: SINCE (the time, for people and for the back-off after failures) and
+the resource's list resourceVersion then (``record_switch``: read by the apply
+step, after discovery showed the hash), which is what refinement is ordered by
+(:mod:`storage_migrator.detection.ordering`).
 """
 
 from __future__ import annotations
@@ -14,14 +20,16 @@ from datetime import datetime, timedelta
 
 from storage_migrator.agreement.reporters import ReporterRound
 from storage_migrator.conditions import is_condition_true
+from storage_migrator.detection.in_tree import creator_text
+from storage_migrator.detection.ordering import covers, revision
 from storage_migrator.detection.rules import (
     SETTLE_ANNOTATION,
     SINCE_ANNOTATION,
     DetectionSettings,
     describe,
     parse_time,
-    proves,
 )
+from storage_migrator.kube.in_tree import InTreeMigration
 from storage_migrator.models import CONDITION_SUCCEEDED, UNKNOWN, StorageState, StorageVersionMigration, format_time
 
 
@@ -35,13 +43,33 @@ class StatusDraft:
     annotations: dict[str, str]
     since: datetime | None
     settle_until: datetime | None
+    switch_rv: str | None = None
+    record_switch: bool = False
     reasons: list[str] = field(default_factory=list)
     refined_by: str | None = None
 
     def start_clock(self, now: datetime) -> None:
-        """The current hash is recorded from now on (SINCE_ANNOTATION)."""
+        """The current hash is recorded from now on (SINCE_ANNOTATION), and at the resource's
+        resourceVersion the apply step reads (``record_switch``)."""
         self.since = now
         self.annotations[SINCE_ANNOTATION] = format_time(now)
+        self.switch_rv = None
+        self.record_switch = True
+
+    def stop_clock(self) -> None:
+        """No moment is recorded: nothing can prove the current hash until the clock starts again."""
+        self.since = None
+        self.annotations.pop(SINCE_ANNOTATION, None)
+        self.switch_rv = None
+        self.record_switch = False
+
+
+@dataclass(frozen=True)
+class Proof:
+    """The succeeded migration that refines a state: how events name it, and what the report says."""
+
+    name: str
+    text: str
 
 
 def draft_of(state: StorageState, reporters: ReporterRound, *, fallback: str) -> StatusDraft:
@@ -58,6 +86,7 @@ def draft_of(state: StorageState, reporters: ReporterRound, *, fallback: str) ->
         annotations=annotations,
         since=parse_time(annotations.get(SINCE_ANNOTATION)),
         settle_until=parse_time(annotations.get(SETTLE_ANNOTATION)),
+        switch_rv=status.current_hash_resource_version,
     )
 
 
@@ -105,6 +134,13 @@ def record_hashes(
             # start the clock now (a new migration follows).
             draft.start_clock(now)
             draft.reasons.append(f"no {SINCE_ANNOTATION} annotation: set to now")
+        elif draft.switch_rv is None and draft.persisted != [draft.current] and reporters.agreed is not None:
+            # Issue 36: a state recorded before resourceVersions were (or whose read failed)
+            # cannot order any migration after its switch. Timestamps are not trusted instead
+            # (a second's doubt is what this fixes): the clock restarts now, and a migration
+            # that begins listing after it refines the state (one more pass over the resource).
+            draft.start_clock(now)
+            draft.reasons.append("no resourceVersion recorded for the current hash: recorded now")
     # Seed 000 HA: every reporter "adds the storage version hash to
     # PersistedStorageVersionHashes if the local storage version hash is not present
     # there yet". A hash already recorded as current is covered by "Unknown" (a fresh
@@ -138,36 +174,69 @@ def forget_since(draft: StatusDraft, reporters: ReporterRound) -> None:
     disagreement (seed 000's walkthrough: started at 20, server 3 rolled back at
     22) never refines the state.
     """
-    draft.since = None
-    draft.annotations.pop(SINCE_ANNOTATION, None)
+    draft.stop_clock()
     draft.reasons.append(f"API servers disagree ({describe(reporters)}): current hash kept, no migration")
 
 
 def refine(
-    draft: StatusDraft, migrations: list[StorageVersionMigration], reporters: ReporterRound
-) -> StorageVersionMigration | None:
+    draft: StatusDraft,
+    migrations: list[StorageVersionMigration],
+    reporters: ReporterRound,
+    in_tree: list[InTreeMigration] | None = None,
+) -> Proof | None:
     """Refinement: the Succeeded migration that makes persisted ``[current]``, if any.
 
     Seed 000: "If a migration completes, the controller finds the storageState of
     that resource, updates its status.persistedStorageVersionHashes to equal its
     status.currentStorageVersionHash" -- only while the API servers agree, and
-    only a Succeeded migration to the current hash that started after the hash
-    was recorded (DESIGN 4.3).
+    only a Succeeded migration that began listing after the hash was recorded,
+    ordered by resourceVersion (issue 36, :mod:`storage_migrator.detection.ordering`):
+    ours, when it targeted the current hash; an in-tree one (``storagemigration.k8s.io``,
+    anyone's), whose ``status.resourceVersion`` is where its controller began. A
+    migration that cannot be ordered never refines, and the reason says why.
     """
-    if reporters.agreed is None:
-        return None
+    if reporters.agreed is None or draft.record_switch:
+        return None  # disagreement; or the clock starts in this poll: nothing before it proves the hash
     current = draft.current
-    proof = next(
-        (
-            m
-            for m in reversed(migrations)
-            if is_condition_true(m.status.conditions, CONDITION_SUCCEEDED)
-            and proves(m, current=current, since=draft.since)
-        ),
-        None,
-    )
-    if proof is not None and draft.persisted != [current]:
+    unrefined = draft.persisted != [current]
+    if revision(draft.switch_rv) is None:
+        if unrefined:
+            draft.reasons.append(f"no refinement: the state's resourceVersion {draft.switch_rv!r} is not an integer "
+                                 "(reset the state to record it again)")  # fmt: skip
+        return None
+    proofs: list[Proof] = []
+    doubts: list[str] = []
+    for m in migrations:
+        status = m.status
+        if (
+            not is_condition_true(status.conditions, CONDITION_SUCCEEDED)
+            or status.target_storage_version_hash != current
+        ):
+            continue
+        coverage = covers(status.resource_version, draft.switch_rv)
+        name = m.metadata.name or ""
+        if coverage.after:
+            proofs.append(Proof(name=name, text=f"migration {name} succeeded to {current} (first LIST at "
+                                                f"resourceVersion {status.resource_version}, after the switch at "
+                                                f"{draft.switch_rv})"))  # fmt: skip
+        elif coverage.unknown:
+            doubts.append(f"migration {name} not counted: {coverage.unknown}")
+    for t in in_tree or []:
+        if t.phase != "Succeeded":
+            continue
+        coverage = covers(t.resource_version, draft.switch_rv)
+        if coverage.after:
+            proofs.append(Proof(name=t.display_name, text=f"in-tree migration {t.display_name} ({creator_text(t)}) "
+                                                          f"succeeded up to resourceVersion {t.resource_version}, "
+                                                          f"after the switch at {draft.switch_rv}"))  # fmt: skip
+        elif coverage.unknown:
+            doubts.append(f"in-tree migration {t.display_name} not counted: {coverage.unknown}")
+    proof = proofs[-1] if proofs else None
+    if proof is not None and unrefined:
         draft.persisted = [current]
-        draft.refined_by = proof.metadata.name
-        draft.reasons.append(f"refined: migration {proof.metadata.name} succeeded to {current}")
+        draft.refined_by = proof.name
+        draft.reasons.append(f"refined: {proof.text}")
+    elif proof is None and unrefined and doubts:
+        more = f" (and {len(doubts) - 1} more)" if len(doubts) > 1 else ""
+        draft.reasons.append(doubts[-1] + more)
     return proof

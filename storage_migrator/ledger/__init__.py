@@ -14,4 +14,6 @@ brought up to date on first use. No Prefect here: the flows record through
     writer.py              the background writer: retries, never raises, records gaps
     recorder.py            one run's rows; who asked for it
     queries.py             history, gaps, last full migration, metrics aggregates
+    in_tree.py             the in-tree migrations anyone made: a row once per object and phase (issue 36)
+    in_tree_history.py     which of them the ledger has seen, and their history
 """

@@ -26,7 +26,16 @@ from storage_migrator.fleet.names import DEFAULT_CLUSTER
 if TYPE_CHECKING:
     from storage_migrator.ledger.schema import Base
 
-__all__ = ["ChunkRecord", "LedgerRecord", "Outcome", "PollRecord", "RunFinished", "RunStarted", "StateChange"]
+__all__ = [
+    "ChunkRecord",
+    "InTreeSeen",
+    "LedgerRecord",
+    "Outcome",
+    "PollRecord",
+    "RunFinished",
+    "RunStarted",
+    "StateChange",
+]
 
 #: How a run ended: the StorageVersionMigration's verdict, or that the run itself stopped.
 Outcome = Literal["succeeded", "failed", "cancelled", "crashed"]
@@ -42,6 +51,8 @@ class LedgerRecord(BaseModel):
     kind: ClassVar[str] = "row"
     #: The ORM class of its table in storage_migrator/ledger/schema.py.
     row: ClassVar[str]
+    #: A row its table keeps once (a unique key): a second one is dropped, not refused (writer.py).
+    once: ClassVar[bool] = False
 
     def to_row(self) -> Base:
         return self._table()(**self.model_dump())
@@ -167,4 +178,30 @@ class PollRecord(LedgerRecord):
     changes: int = Field(ge=0)
     requests_made: int = Field(ge=0)
     errors: int = Field(default=0, ge=0)
+    flow_run_id: str | None = None
+
+
+class InTreeSeen(LedgerRecord):
+    """An in-tree migration (storagemigration.k8s.io, anyone's) a poll saw in a phase (issue 36).
+
+    Kept once per cluster, uid and phase: what a poll submits again is dropped."""
+
+    kind: ClassVar[str] = "in_tree"
+    row: ClassVar[str] = "InTreeMigrationRow"
+    once: ClassVar[bool] = True
+
+    cluster: Cluster = DEFAULT_CLUSTER
+    uid: str = Field(min_length=1, max_length=64)
+    name: str
+    api_version: str = Field(description="storagemigration.k8s.io/v1 or /v1beta1, as read.")
+    resource: str = Field(description="`<resource>.<group>`, or `<resource>` for core.")
+    phase: Literal["Pending", "Running", "Succeeded", "Failed"]
+    created_by: str | None = Field(default=None, description="The field manager that created it; None: unknown.")
+    created_at: datetime | None = None
+    running_since: datetime | None = None
+    finished_at: datetime | None = None
+    resource_version: str | None = Field(default=None, description="status.resourceVersion: migrated up to it.")
+    reason: str = Field(default="", max_length=128)
+    message: str = Field(default="", max_length=4000)
+    observed_at: datetime
     flow_run_id: str | None = None

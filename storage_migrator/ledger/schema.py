@@ -21,7 +21,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Float, Index, Integer, String, Text
+from sqlalchemy import DateTime, Float, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -32,6 +32,7 @@ __all__ = [
     "Base",
     "ChunkRow",
     "GapRow",
+    "InTreeMigrationRow",
     "PerCluster",
     "PollRow",
     "RunOutcomeRow",
@@ -178,6 +179,37 @@ class PollRow(PerCluster, Base):
     changes: Mapped[int] = mapped_column(Integer)
     requests_made: Mapped[int] = mapped_column(Integer)
     errors: Mapped[int] = mapped_column(Integer, default=0)
+    flow_run_id: Mapped[str | None] = mapped_column(String(36))
+
+
+class InTreeMigrationRow(PerCluster, Base):
+    """An in-tree migration (``storagemigration.k8s.io``, anyone's) seen by a poll in one phase (issue 36).
+
+    One row per object and phase, never more (unique uid and phase per cluster: a
+    second poll's row for the same phase is dropped by the database, issue 36's
+    "once per object and outcome"), so its history is the phases polls saw it in.
+    """
+
+    __tablename__ = "in_tree_migrations"
+    __table_args__ = (
+        UniqueConstraint("cluster", "uid", "phase", name="uq_in_tree_migrations_cluster_uid_phase"),
+        Index("ix_in_tree_migrations_cluster_observed_at", "cluster", "observed_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    uid: Mapped[str] = mapped_column(String(64))
+    name: Mapped[str] = mapped_column(String(253))
+    api_version: Mapped[str] = mapped_column(String(63))
+    resource: Mapped[str] = mapped_column(String(253), index=True)
+    phase: Mapped[str] = mapped_column(String(16))
+    created_by: Mapped[str | None] = mapped_column(String(253))
+    created_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    running_since: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime())
+    resource_version: Mapped[str | None] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(String(128), default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    observed_at: Mapped[datetime] = mapped_column(UtcDateTime())
     flow_run_id: Mapped[str | None] = mapped_column(String(36))
 
 

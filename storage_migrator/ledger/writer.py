@@ -23,11 +23,13 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from storage_migrator.ledger.records import LedgerRecord
 
 if TYPE_CHECKING:
+    from sqlalchemy import Table
+
     from storage_migrator.ledger.schema import GapRow
 
 __all__ = ["LedgerWriter", "WriterOptions", "writer_for"]
@@ -231,11 +233,23 @@ class LedgerWriter:
             with Session(engine) as session, session.begin():
                 if lost.count:
                     session.add(lost.row())
-                session.add_all([record.to_row() for record in batch])
+                session.add_all([record.to_row() for record in batch if not record.once])
+                for record in (r for r in batch if r.once):
+                    session.execute(_insert_once(engine.dialect.name, record))
         except BaseException:
             with self._lost_lock:
                 self._lost = lost.merged(self._lost)
             raise
+
+
+def _insert_once(dialect: str, record: LedgerRecord) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING of a row its table keeps once (SQLite and PostgreSQL both
+    say it so): a duplicate is what another poll already recorded, not a row the database refuses."""
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    table = cast("Table", record.to_row().__table__)
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return insert(table).values(**record.model_dump()).on_conflict_do_nothing()
 
 
 _writers: dict[str, LedgerWriter] = {}

@@ -88,11 +88,20 @@ class ChunkResult(BaseModel):
     failed: int = 0
     failures: list[ObjectFailure] = Field(default_factory=list, description="The first failed objects.")
     remaining_item_count: int | None = None
+    list_resource_version: str = Field(
+        default="", description="The list resourceVersion of the page this chunk wrote (its LIST's snapshot)."
+    )
     relisted: int = Field(default=0, description="LISTs answered 410 and re-issued.")
     retries: int = Field(default=0, description="Transient answers retried (LIST and writes).")
     settle_waits: int = Field(default=0, description="401/403 answers of a settling server waited out.")
     second_tries: int = Field(default=0, description="Failed objects tried once more at the end of the chunk.")
     bytes_received: int = 0
+
+    @property
+    def pass_resource_version(self) -> str | None:
+        """The list resourceVersion a pass records (status.resourceVersion, issue 36): the first
+        chunk's, the one that began from no token; None for every later chunk."""
+        return (self.list_resource_version or None) if self.token_in is None else None
 
 
 def add_progress(progress: MigrationProgress, chunk: ChunkResult) -> MigrationProgress:

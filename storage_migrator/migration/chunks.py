@@ -356,6 +356,7 @@ def migrate_chunk(
         failed=counts["failed"],
         failures=list(tally.failures),
         remaining_item_count=page.remaining_item_count,
+        list_resource_version=page.resource_version,
         relisted=relisted,
         retries=tally.retries,
         settle_waits=tally.settle_waits,

@@ -92,7 +92,13 @@ class Checkpoint(Protocol):
     def load(self) -> tuple[str | None, MigrationProgress]: ...
 
     def save(
-        self, *, token: str | None, progress: MigrationProgress, failures: list[ObjectFailure], now: datetime
+        self,
+        *,
+        token: str | None,
+        progress: MigrationProgress,
+        failures: list[ObjectFailure],
+        now: datetime,
+        pass_resource_version: str | None = None,
     ) -> None: ...
 
 
@@ -204,6 +210,8 @@ class MigrationRecord:
         if status.progress is not None and status.progress.remaining_item_count is None:
             # A merge patch keeps a key it does not name: null removes the last chunk's count.
             wire.setdefault("progress", {})["remainingItemCount"] = None
+        if status.resource_version is None:
+            wire["resourceVersion"] = None  # a new pass: the last pass's first LIST proves nothing
         self._patch({"status": wire}, status=True)
 
     @staticmethod
@@ -250,8 +258,16 @@ class MigrationRecord:
         )
 
     def save(
-        self, *, token: str | None, progress: MigrationProgress, failures: list[ObjectFailure], now: datetime
+        self,
+        *,
+        token: str | None,
+        progress: MigrationProgress,
+        failures: list[ObjectFailure],
+        now: datetime,
+        pass_resource_version: str | None = None,
     ) -> None:
+        """The checkpoint; ``pass_resource_version``: the list resourceVersion of the pass's first
+        chunk (issue 36), recorded once per pass (a resumed run keeps the one recorded)."""
         # The token first: a crash between the two writes loses a chunk's counters,
         # never re-does more than one chunk and never skips an object.
         self._patch({"spec": {"continueToken": token or ""}}, status=False)
@@ -259,7 +275,8 @@ class MigrationRecord:
             self.migration.status.conditions, condition_type=CONDITION_RUNNING, status="True", now=now,
             reason="Migrating", message=f"{progress.listed} objects listed in {progress.chunks} chunk(s)",
         )  # fmt: skip
-        self._status_patch(conditions, progress=progress, failures=failures)
+        first = self.migration.status.resource_version or pass_resource_version
+        self._status_patch(conditions, progress=progress, failures=failures, resource_version=first)
 
     def restart_pass(self, *, now: datetime, reason: str, message: str, config_hash: str | None = None) -> None:
         """Reset the checkpoint for a new pass from the beginning (seed 001: the storage
@@ -270,7 +287,7 @@ class MigrationRecord:
         conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
                                    status="True", now=now, reason=reason, message=message)  # fmt: skip
         extra = {"encryption_config_hash": config_hash} if config_hash else {}
-        self._status_patch(conditions, progress=MigrationProgress(), failures=[], **extra)
+        self._status_patch(conditions, progress=MigrationProgress(), failures=[], resource_version=None, **extra)
 
     def hold(self, *, now: datetime, reason: str, message: str) -> None:
         """Still Running, the checkpoint kept: the lease refreshed while the run waits (issue 31:

@@ -13,8 +13,10 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
   read a Secret except through the LIST it must make;
 - one rule per API group and verb set, resources sorted;
 - then ``FIXED_RULES``, what the migrator needs whatever it migrates: its own
-  API, CRDs, APIServices, StorageVersions, EndpointSlices, discovery and
-  ``/metrics`` (each API server's encryption configuration, issue 19); and a
+  API, CRDs, APIServices, StorageVersions, EndpointSlices, the in-tree
+  ``storagemigration.k8s.io`` migrations others made (detection observes them,
+  issue 36), discovery and ``/metrics`` (each API server's encryption
+  configuration, issue 19); and a
   Role in ``kube-system`` to list the API servers' identity Leases. They
   are the shipped file's rules but for the ``*`` one; a unit test
   (tests/unit/operations/test_rbac.py) keeps the two equal, reading the file;
@@ -31,6 +33,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from storage_migrator.detection.tracking import select_resources, track_storage
 from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.kube.in_tree import IN_TREE_GROUP, IN_TREE_RESOURCE
 from storage_migrator.migration.chunk_terms import WriteMode
 from storage_migrator.migration.targets import UnknownResource, resolve_target, write_mode_for
 from storage_migrator.models import GROUP, STORAGE_STATES, STORAGE_VERSION_MIGRATIONS, storage_state_name
@@ -95,6 +98,7 @@ FIXED_RULES: Final[tuple[PolicyRule, ...]] = (
     _rule(["apiregistration.k8s.io"], ["apiservices"], ["list"]),
     _rule(["internal.apiserver.k8s.io"], ["storageversions"], ["get", "list"]),
     _rule(["discovery.k8s.io"], ["endpointslices"], ["list"]),
+    _rule([IN_TREE_GROUP], [IN_TREE_RESOURCE], ["list"]),
     PolicyRule(non_resource_urls=("/api", "/api/*", "/apis", "/apis/*", "/version", "/readyz", "/metrics"),
                verbs=("get",)),
 )  # fmt: skip

@@ -822,12 +822,19 @@ def test_checkpoint_round_trip_and_resume(
     # Three chunks, checkpointed after each; then the run "crashes".
     progress = MigrationProgress()
     token: str | None = None
+    firsts = []
     for _ in range(3):
         chunk = migrate_chunk(api, widgets.ref, continue_token=token, options=OPTIONS, sleep=RecordingSleep())
         progress = add_progress(progress, chunk)
         token = chunk.token_out
-        record.save(token=token, progress=progress, failures=[], now=datetime.now(UTC))
+        firsts.append(chunk.pass_resource_version)
+        record.save(token=token, progress=progress, failures=[], now=datetime.now(UTC),
+                    pass_resource_version=chunk.pass_resource_version)  # fmt: skip
     raw = read_object(api, MIGRATIONS, name=record.name)
+    # Issue 36: the pass's first LIST's resourceVersion, what refinement is ordered by (later chunks
+    # of the pass carry none: their pages share the snapshot of the first).
+    assert firsts[0] is not None and firsts[1:] == [None, None]
+    assert raw["status"]["resourceVersion"] == firsts[0]
     assert raw["spec"]["continueToken"] == token
     assert raw["status"]["progress"]["listed"] == 21
     assert raw["status"]["progress"]["chunks"] == 3
@@ -842,11 +849,21 @@ def test_checkpoint_round_trip_and_resume(
     total = loaded_progress
     for chunk in rest.chunks:
         total = add_progress(total, chunk)
-    resumed.save(token=None, progress=total, failures=[], now=datetime.now(UTC))
+    # A resumed run keeps the first one, even handed another (issue 36).
+    resumed.save(token=None, progress=total, failures=[], now=datetime.now(UTC), pass_resource_version="1")
 
     assert (total.listed, total.rewritten) == (40, 40)  # no chunk re-done, none skipped
     assert_all_in_version(widgets.stored(kubesim), names, f"{widgets.group}/v2")
     assert resumed.load() == (None, total)
+    assert read_migration(api, record.name).status.resource_version == firsts[0]
+    # A new pass from the beginning (seed 001: the storage version moved) records its own first LIST.
+    resumed.restart_pass(now=datetime.now(UTC), reason="StorageVersionChanged", message="again")
+    assert read_migration(api, record.name).status.resource_version is None
+    again = migrate_chunk(api, widgets.ref, continue_token=None, options=OPTIONS, sleep=RecordingSleep())
+    resumed.save(token=again.token_out, progress=add_progress(MigrationProgress(), again), failures=[],
+                 now=datetime.now(UTC), pass_resource_version=again.pass_resource_version)  # fmt: skip
+    second = read_migration(api, record.name).status.resource_version
+    assert second is not None and int(second) > int(str(firsts[0]))
 
 
 @pytest.mark.parametrize("succeeded", [True, False])

@@ -199,17 +199,10 @@ def test_a_hash_that_changes_after_initialize_gets_its_one_more_migration(
     assert len(summary.created) == 2
     assert states_of(kubesim.kubeconfig)["configmaps"].status.current_storage_version_hash == CM_V1
     kubesim.admin.set_storage_version("configmaps", "v2")
-    # The recorded times have second precision (metav1.Time), and a migration that started in
-    # the second its state recorded the hash counts as started after it (storage_migrator.
-    # detection.rules.proves: `started >= since`). This rule is about one that started before:
-    # one PATCH held a second makes the migration end, and run-migrations' closing poll record
-    # v2, at least a second after it started. Issue 29: a quick run fell in one second.
-    kubesim.admin.set_faults([{"verb": "patch", "resource": "configmaps", "namespace": namespace,
-                               "latency": 1.0, "times": 1}])  # fmt: skip
-
+    # Issue 36: the migration began listing before run-migrations' closing poll recorded v2, maybe in
+    # the same second; ordered by resourceVersion it proves nothing (no PATCH held a second any more).
     ran = run_migrations(kubeconfig=kubesim.kubeconfig, **FAST)
     assert set(ran.outcomes.values()) == {"Completed"}, ran.outcomes
-    assert kubesim.admin.faults()[0]["fired"] == 1, "the migration held one PATCH"
     assert requests_by_resource(kubesim.kubeconfig) == {"configmaps": 2, "secrets": 1}
     secrets = revisions(kubesim.etcd, f"/registry/secrets/{namespace}/")
 

@@ -35,7 +35,7 @@ from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.fleet.names import DEFAULT_CLUSTER
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
-from storage_migrator.ledger import queries
+from storage_migrator.ledger import in_tree_history, queries
 from storage_migrator.ledger.database import head_revision, ledger_engine, schema_revision
 from storage_migrator.ledger.records import PollRecord
 from storage_migrator.ledger.writer import writer_for
@@ -117,6 +117,30 @@ def history_json(kubesim: Any, capsys: pytest.CaptureFixture[str], *args: str) -
     for row in rows:
         assert set(row) == HISTORY_KEYS, set(row) ^ HISTORY_KEYS
     return rows
+
+
+def test_an_in_tree_migration_is_kept_once_per_phase_in_either_database(any_ledger: str) -> None:
+    """Issue 36: a row per in-tree migration and phase; a second poll's row for the same phase
+    (submitted before the first one's landed) is dropped by the database (ON CONFLICT DO NOTHING,
+    SQLite's and PostgreSQL's), not lost as a gap."""
+    from storage_migrator.kube.in_tree import InTreeMigration
+    from storage_migrator.ledger.in_tree import record_in_tree, sighting
+
+    writer = writer_for(any_ledger)
+    now = datetime.now(UTC)
+    seen = InTreeMigration(api_version="storagemigration.k8s.io/v1", name="by-gardener", uid="u-1", group="",
+                           resource="secrets", phase="Running", resource_version="41", created_by="gardenlet")  # fmt: skip
+    assert record_in_tree(writer, [seen], cluster=DEFAULT_CLUSTER, now=now, flow_run_id=None) == [seen]
+    writer.submit(sighting(seen, cluster=DEFAULT_CLUSTER, now=now, flow_run_id=None))  # the race, by hand
+    engine = flushed(any_ledger)
+    assert record_in_tree(writer, [seen], cluster=DEFAULT_CLUSTER, now=now, flow_run_id=None) == []
+    done = seen.model_copy(update={"phase": "Succeeded", "reason": "StorageVersionMigrationSucceeded"})
+    assert record_in_tree(writer, [done], cluster=DEFAULT_CLUSTER, now=now, flow_run_id=None) == [done]
+    engine = flushed(any_ledger)
+    (history,) = in_tree_history.in_tree_history(engine, cluster=DEFAULT_CLUSTER)
+    assert (history.phases_seen, history.created_by, history.resource_version) == (
+        ["Running", "Succeeded"], "gardenlet", "41")  # fmt: skip
+    assert queries.gaps(engine) == [] and writer.lost_rows == 0
 
 
 def test_a_detection_cycle_and_the_migration_it_requested(

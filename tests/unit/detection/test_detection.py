@@ -40,6 +40,7 @@ from storage_migrator.detection.planner import (
     storage_version_hash,
 )
 from storage_migrator.kube.discovery import DiscoveredResource
+from storage_migrator.kube.in_tree import InTreeMigration
 from storage_migrator.migration.dispatch import is_finished, migration_resource
 from storage_migrator.models import (
     CONDITION_FAILED,
@@ -47,6 +48,7 @@ from storage_migrator.models import (
     CONDITION_SUCCEEDED,
     UNKNOWN,
     GroupResource,
+    GroupVersionResource,
     ObjectMeta,
     StorageState,
     StorageStateSpec,
@@ -70,6 +72,15 @@ A, B, C = "hashA=", "hashB=", "hashC="
 
 
 # --- builders ---------------------------------------------------------------------------
+#: Issue 36: refinement is ordered by resourceVersion. The builders give a state's switch and a
+#: migration's first LIST the resourceVersion etcd would have had at that time, a second apart
+#: (from ONE_SECOND before T0 - 1 day); a test of the order within one second passes its own.
+AUTO: Any = object()
+
+
+def rv_at(when: datetime) -> str:
+    """The resourceVersion at `when` in these tests: ten revisions a second."""
+    return str(int((when - T0).total_seconds() + 86400 + 1) * 10)
 
 
 def disc(
@@ -105,6 +116,7 @@ def state(
     resource: str = "cronjobs",
     rv: str = "7",
     extra_annotations: dict[str, str] | None = None,
+    switch_rv: str | None = AUTO,
 ) -> StorageState:
     annotations = dict(extra_annotations or {})
     if since is not None:
@@ -118,6 +130,7 @@ def state(
             persisted_storage_version_hashes=[current or ""] if persisted is None else persisted,
             current_storage_version_hash=current,
             last_heartbeat_time=heartbeat,
+            current_hash_resource_version=(rv_at(since) if since else None) if switch_rv is AUTO else switch_rv,
         ),
     )
 
@@ -132,6 +145,7 @@ def migration(
     ours: bool = True,
     group: str = "batch",
     resource: str = "cronjobs",
+    rv: str | None = AUTO,
 ) -> StorageVersionMigration:
     m = new_storage_version_migration(
         group=group,
@@ -144,6 +158,7 @@ def migration(
     m.status.target_storage_version_hash = target
     m.status.started_at = started
     m.status.finished_at = finished
+    m.status.resource_version = (rv_at(started) if started else None) if rv is AUTO else rv
     when = finished or started or T0
     if phase in ("Running", "Succeeded", "Failed"):
         m.status.conditions = set_condition(
@@ -180,10 +195,30 @@ def plan(
     *,
     now: datetime = T0 + 10 * MIN,
     settings: DetectionSettings = SETTINGS,
+    in_tree: list[InTreeMigration] = (),  # type: ignore[assignment]
 ) -> DetectionPlan:
     return plan_detection(
-        discovered=discovered, states=states, migrations=migrations, crds=crds, now=now, settings=settings
-    )
+        discovered=discovered, states=states, migrations=migrations, crds=crds, now=now, settings=settings,
+        in_tree=in_tree,
+    )  # fmt: skip
+
+
+def in_tree(
+    name: str,
+    phase: str = "Running",
+    *,
+    rv: str | None = None,
+    created: datetime = T0,
+    by: str | None = "kubectl-create",
+    group: str = "batch",
+    resource: str = "cronjobs",
+) -> InTreeMigration:
+    """A storagemigration.k8s.io migration someone made (issue 36), as kube/in_tree.py reads it."""
+    return InTreeMigration(
+        api_version="storagemigration.k8s.io/v1beta1", name=name, uid=f"uid-{name}", group=group, resource=resource,
+        created_at=created, phase=phase, resource_version=rv, running_since=created if phase != "Pending" else None,
+        finished_at=created + MIN if phase in ("Succeeded", "Failed") else None, created_by=by,
+    )  # fmt: skip
 
 
 def kinds(p: DetectionPlan) -> list[str]:
@@ -234,6 +269,7 @@ class Cluster:
                         persisted_storage_version_hashes=list(action.persisted),
                         current_storage_version_hash=action.current_hash,
                         last_heartbeat_time=action.heartbeat,
+                        current_hash_resource_version=self.switch(action),
                     ),
                 )
             elif isinstance(action, UpdateState):
@@ -251,6 +287,7 @@ class Cluster:
                             persisted_storage_version_hashes=list(action.persisted),
                             current_storage_version_hash=action.current_hash,
                             last_heartbeat_time=action.heartbeat,
+                            current_hash_resource_version=self.switch(action),
                         ),
                     }
                 )
@@ -269,8 +306,13 @@ class Cluster:
                 )
         return created
 
+    def switch(self, action: CreateState | UpdateState) -> str | None:
+        """What tasks/detecting.py writes as status.currentHashResourceVersion: the revision now (issue 36)."""
+        return str(next(self.serial)) if action.record_switch is not None else action.switch_resource_version
+
     def run_migration(self, name: str, *, target: str, started: datetime, finished: datetime, succeed: bool) -> None:
-        """What run-migrations does: record the target hash and start time, then end it."""
+        """What run-migrations does: record the target hash, the start time and its first LIST's
+        resourceVersion (the revision now: it runs after every write applied so far), then end it."""
         old = self.migrations[name]
         done = migration(
             name,
@@ -281,6 +323,7 @@ class Cluster:
             ours=DETECTION_LABEL in (old.metadata.labels or {}),
             group=old.spec.resource.group,
             resource=old.spec.resource.resource,
+            rv=str(next(self.serial)),
         )
         done.metadata = old.metadata
         self.migrations[name] = done
@@ -524,7 +567,21 @@ def test_stale_and_changed_is_still_one_update() -> None:
         # that resource, updates its status.persistedStorageVersionHashes to equal its
         # status.currentStorageVersionHash."
         (migration("m", phase="Succeeded", target=B, started=T0 + MIN, finished=T0 + 2 * MIN), True),
-        (migration("m", phase="Succeeded", target=B, started=T0, finished=T0 + 2 * MIN), True),
+        # Issue 36: ordered by resourceVersion, not by the second. The state recorded B at
+        # rv_at(T0); both these began listing in the second T0 (startedAt == since), one just
+        # before the switch was recorded (it may have listed objects before B was written), one
+        # after it.
+        (migration("m", phase="Succeeded", target=B, started=T0, finished=T0 + MIN, rv=str(int(rv_at(T0)) - 1)), False),
+        (migration("m", phase="Succeeded", target=B, started=T0, finished=T0 + MIN, rv=str(int(rv_at(T0)) + 1)), True),
+        # The same resourceVersion is not later: which came first is not known.
+        (migration("m", phase="Succeeded", target=B, started=T0, finished=T0 + MIN, rv=rv_at(T0)), False),
+        # Compared as integers (kubernetes/kubernetes#126521), not as text: "1000000" sorts before
+        # the switch's "864010" as text, and is later.
+        (migration("m", phase="Succeeded", target=B, started=T0 + MIN, rv="1000000"), True),
+        # A migration that recorded none (it began before they were recorded), or one that does not
+        # parse, proves nothing: never the timestamps instead.
+        (migration("m", phase="Succeeded", target=B, started=T0 + MIN, finished=T0 + 2 * MIN, rv=None), False),
+        (migration("m", phase="Succeeded", target=B, started=T0 + MIN, finished=T0 + 2 * MIN, rv="abc"), False),
         # Anyone's success is proof: it rewrote every object to the current hash.
         (migration("m", phase="Succeeded", target=B, started=T0 + MIN, finished=T0 + 2 * MIN, ours=False), True),
         # DESIGN 4.3: "only if the current hash did not change while it ran".
@@ -861,13 +918,14 @@ def check_invariants(cluster: Cluster, before: dict[str, StorageState]) -> None:
         # that started after the current hash was recorded.
         was_unknown = name not in before or UNKNOWN in before[name].status.persisted_storage_version_hashes
         if was_unknown and UNKNOWN not in persisted:
-            since = parse_time((s.metadata.annotations or {}).get(SINCE_ANNOTATION))
-            assert since is not None
+            # Issue 36: that started after it by resourceVersion (the revision of its first LIST).
+            switch = s.status.current_hash_resource_version
+            assert switch is not None
             assert any(
                 is_condition_true(m.status.conditions, CONDITION_SUCCEEDED)
                 and m.status.target_storage_version_hash == current
-                and m.status.started_at is not None
-                and m.status.started_at >= since
+                and m.status.resource_version is not None
+                and int(m.status.resource_version) > int(switch)
                 and migration_resource(m) == name
                 for m in cluster.migrations.values()
             )
@@ -1069,6 +1127,7 @@ def test_disagreement_cancels_our_migrations(pending: StorageVersionMigration) -
     update = the_update(p)
     assert update.current_hash == B
     assert SINCE_ANNOTATION not in update.annotations
+    assert (update.switch_resource_version, update.record_switch) == (None, None), "issue 36: nor its resourceVersion"
     assert not p.creates_migrations
 
 
@@ -1212,3 +1271,166 @@ def test_ha_invariants_over_random_histories(steps: list[tuple[Any, ...]], settl
                     succeed=item[1],
                 )
                 t = started + MIN
+
+
+# --- issue 36: refinement by causal order; in-tree migrations made by anyone -------------------
+
+CRONJOBS = GroupVersionResource(group="batch", version="v1", resource="cronjobs")
+
+
+def test_the_switch_is_recorded_with_the_resource_version_read_when_it_is_applied() -> None:
+    """Issue 36: "when detection records a storage switch (a new current hash in a StorageState), it
+    records the resource's resourceVersion at that moment (a LIST with limit 1 of that resource)":
+    the plan says which resource to LIST; tasks/detecting.py reads it after discovery showed the hash."""
+    (create,) = plan([disc(hash_=A)]).of_kind(CreateState)
+    assert (create.record_switch, create.switch_resource_version) == (CRONJOBS, None)
+    changed = the_update(change_plan([]))
+    assert (changed.record_switch, changed.switch_resource_version) == (CRONJOBS, None)
+    stale = the_update(plan([disc(hash_=A)], [state(A, [A], heartbeat=T0 - 60 * MIN)], now=T0 + 10 * MIN))
+    assert stale.persisted == [UNKNOWN] and stale.record_switch == CRONJOBS
+    # A heartbeat keeps the one recorded.
+    beat = the_update(plan([disc(hash_=A)], [state(A, [UNKNOWN, A])]))
+    assert (beat.record_switch, beat.switch_resource_version) == (None, rv_at(T0))
+    # While the reporters disagree there is no hash to record (seed 000, HA).
+    (split,) = plan_detection(discovered=[disc(hash_=A)], states=[], migrations=[], crds=[], now=T0,
+                              settings=SETTINGS, reporters=reporters(**{"api-1": A, "api-2": B})).of_kind(CreateState)  # fmt: skip
+    assert split.record_switch is None
+
+
+@pytest.mark.parametrize(("persisted", "restarts"), [([UNKNOWN, A], True), ([B, A], True), ([A], False)])
+def test_a_state_recorded_before_resource_versions_waits_for_the_next_migration(
+    persisted: list[str], restarts: bool
+) -> None:
+    """Issue 36: "states or migrations recorded before this change (no resourceVersion): say what you
+    do". The safe choice: never the timestamps (a second's doubt is what this fixes). A state that
+    still needs its proof records its switch now, and only a migration that lists after it refines it
+    (one more pass over the resource); a refined state has nothing to prove and is left as it is."""
+    old = state(A, persisted, switch_rv=None)
+    done = migration("m", phase="Succeeded", target=A, started=T0 + MIN, finished=T0 + 2 * MIN, rv=None)
+    now = T0 + 10 * MIN
+    p = plan([disc(hash_=A)], [old], [done], now=now)
+    update = the_update(p)
+    assert update.persisted == persisted, "never refined by the timestamps"
+    assert (update.record_switch == CRONJOBS) == restarts
+    if restarts:
+        assert update.annotations[SINCE_ANNOTATION] == format_time(now)
+        assert "no resourceVersion recorded for the current hash: recorded now" in update.reason
+        assert [c.target_hash for c in p.of_kind(CreateMigration)] == [A]
+    else:
+        assert update.annotations == old.metadata.annotations and not p.creates_migrations
+    # The poll after: the migration that began listing after the switch refines it.
+    if restarts:
+        recorded = state(A, persisted, since=now, switch_rv=rv_at(now), heartbeat=now)
+        later = migration("n", phase="Succeeded", target=A, started=now + MIN, finished=now + 2 * MIN)
+        assert the_update(plan([disc(hash_=A)], [recorded], [done, later], now=now + 10 * MIN)).persisted == [A]
+
+
+@pytest.mark.parametrize(
+    ("switch", "done", "said"),
+    [
+        # Never guessed at, never the timestamps instead: no refinement, and the report says why.
+        ("v12", migration("m", phase="Succeeded", target=B, started=T0 + MIN),
+         "no refinement: the state's resourceVersion 'v12' is not an integer"),
+        (rv_at(T0), migration("m", phase="Succeeded", target=B, started=T0 + MIN, rv="x9"),
+         "migration m not counted: its list resourceVersion 'x9' is not an integer"),
+        (rv_at(T0), migration("m", phase="Succeeded", target=B, started=T0 + MIN, rv=None),
+         "migration m not counted: it recorded no list resourceVersion"),
+        (rv_at(T0), migration("m", phase="Succeeded", target=B, started=T0 + MIN, rv=rv_at(T0 - MIN)), None),
+    ],
+)  # fmt: skip
+def test_a_resource_version_that_cannot_be_ordered_refines_nothing_and_the_poll_says_why(
+    switch: str, done: StorageVersionMigration, said: str | None
+) -> None:
+    update = the_update(plan([disc(hash_=B)], [state(B, [UNKNOWN, A, B], switch_rv=switch)], [done]))
+    assert update.persisted == [UNKNOWN, A, B]
+    if said is None:
+        assert "not counted" not in update.reason, "one that merely came first is no doubt to report"
+    else:
+        assert said in update.reason
+
+
+@pytest.mark.parametrize(
+    ("other", "refined"),
+    [
+        # Issue 36: "a StorageState is refined when one of them Succeeded and started after the storage
+        # switch": its status.resourceVersion (where kcm's controller began) later than the switch's.
+        (in_tree("k", "Succeeded", rv=str(int(rv_at(T0)) + 1)), True),
+        (in_tree("k", "Succeeded", rv=rv_at(T0 + 5 * MIN), by=None), True),
+        # It began before the switch was recorded, even within the same second: no proof.
+        (in_tree("k", "Succeeded", rv=str(int(rv_at(T0)) - 1)), False),
+        (in_tree("k", "Succeeded", rv=None), False),
+        (in_tree("k", "Succeeded", rv="abc"), False),
+        (in_tree("k", "Failed", rv=rv_at(T0 + MIN)), False),
+        (in_tree("k", "Running", rv=rv_at(T0 + MIN)), False),
+        (in_tree("k", "Succeeded", rv=rv_at(T0 + MIN), group="apps", resource="deployments"), False),
+    ],
+)
+def test_an_in_tree_migration_that_succeeded_after_the_switch_refines_the_state(
+    other: InTreeMigration, refined: bool
+) -> None:
+    p = plan([disc(hash_=B)], [state(B, [UNKNOWN, A, B], since=T0)], in_tree=[other])
+    update = the_update(p)
+    assert update.persisted == ([B] if refined else [UNKNOWN, A, B])
+    if refined:
+        assert update.refined_by == "storageversionmigrations.storagemigration.k8s.io/k"
+        assert (
+            f"created by {other.created_by}" in update.reason
+            if other.created_by
+            else "creator unknown" in update.reason
+        )
+        assert not p.creates_migrations
+
+
+def test_an_in_tree_success_refines_only_while_the_api_servers_agree_and_trims_the_crd() -> None:
+    """As our own migrations: never while the reporters disagree (seed 000, HA); and a custom resource's
+    CRD is trimmed by it as by ours (DESIGN 4.3)."""
+    done = in_tree("k", "Succeeded", rv=rv_at(T0 + MIN), group="example.com", resource="widgets")
+    old = with_reporters(state(WIDGET_V2, [WIDGET_V1, WIDGET_V2], group="example.com", resource="widgets"),
+                         ("api-1", WIDGET_V2, T0), ("api-2", WIDGET_V2, T0))  # fmt: skip
+    widgets = [disc("widgets", WIDGET_V2, group="example.com", version="v2", kind="Widget")]
+
+    def reports(second: str) -> list[ReporterHash]:
+        return [ReporterHash(reporter_id=r, group="example.com", resource="widgets", hash=h)
+                for r, h in (("api-1", WIDGET_V2), ("api-2", second))]  # fmt: skip
+
+    split = plan_detection(discovered=widgets, states=[old], migrations=[], crds=[crd()], now=T0 + 10 * MIN,
+                           settings=PERIOD, reporters=reports(WIDGET_V1), in_tree=[done])  # fmt: skip
+    assert the_update(split).persisted == [WIDGET_V1, WIDGET_V2] and split.of_kind(TrimStoredVersions) == []
+    agreed = plan_detection(discovered=widgets, states=[old], migrations=[], crds=[crd()], now=T0 + 10 * MIN,
+                            settings=PERIOD, reporters=reports(WIDGET_V2), in_tree=[done])  # fmt: skip
+    assert the_update(agreed).persisted == [WIDGET_V2]
+    (trim,) = agreed.of_kind(TrimStoredVersions)
+    assert trim.stored_versions == ["v2"] and "storagemigration.k8s.io/k" in trim.reason
+
+
+NOW = T0 + 10 * MIN
+
+
+@pytest.mark.parametrize(
+    ("other", "creates", "said"),
+    [
+        # Issue 36: "detection does not request a second migration while one of them runs for the same
+        # resource (and says so in the poll's report)".
+        (in_tree("kubectl-made", "Running"), False, "is running: no request of ours beside it"),
+        # Created, not picked up yet (kcm's controller waits for the garbage collector's cache first).
+        (in_tree("fresh", "Pending", created=NOW - 5 * MIN), False, "waiting for kube-controller-manager"),
+        # Nobody picked it up in two poll periods: the API is served but no controller runs it.
+        (in_tree("stuck", "Pending", created=NOW - 21 * MIN), True, "no controller runs it"),
+        # Finished ones, and another resource's, hold nothing.
+        (in_tree("done", "Failed"), True, None),
+        (in_tree("done", "Succeeded", rv=rv_at(T0 - MIN)), True, None),
+        (in_tree("other", "Running", group="", resource="configmaps"), True, None),
+    ],
+)
+def test_an_in_tree_migration_that_runs_holds_our_request(
+    other: InTreeMigration, creates: bool, said: str | None
+) -> None:
+    p = plan([disc(hash_=B)], [state(B, [A, B], since=T0, heartbeat=NOW - MIN)], in_tree=[other], now=NOW)
+    assert p.creates_migrations == creates
+    if said is not None:
+        assert said in the_update(p).reason and other.name in the_update(p).reason
+    # A resource seen for the first time: its state, and no request beside a running one.
+    first = plan([disc(hash_=B)], in_tree=[other], now=NOW)
+    assert p.creates_migrations == first.creates_migrations
+    if said is not None:
+        assert said in first.of_kind(CreateState)[0].reason

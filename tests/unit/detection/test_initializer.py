@@ -38,6 +38,7 @@ from storage_migrator.kube.discovery import (
 from storage_migrator.models import (
     UNKNOWN,
     GroupResource,
+    GroupVersionResource,
     ObjectMeta,
     StorageState,
     StorageStateSpec,
@@ -566,10 +567,15 @@ SECRETS = hash_of("secrets")
 OLD = "oldHash123="
 
 
+def rv_at(when: datetime) -> str:
+    """The resourceVersion etcd had at `when` in these tests (issue 36: refinement is ordered by it)."""
+    return str(int((when - NOW).total_seconds()) + 100_000)
+
+
 def known(
     current: str | None, persisted: list[str], *, since: datetime = NOW - 5 * MIN, name: str = "secrets", rv: str = "5"
 ) -> StorageState:
-    """A StorageState as a poll wrote it, one heartbeat ago."""
+    """A StorageState as a poll wrote it, one heartbeat ago (its switch recorded at `since`)."""
     return StorageState(
         metadata=ObjectMeta(name=name, resource_version=rv, annotations={SINCE_ANNOTATION: format_time(since)}),
         spec=StorageStateSpec(resource=GroupResource(group="", resource=name)),
@@ -577,6 +583,7 @@ def known(
             persisted_storage_version_hashes=persisted,
             current_storage_version_hash=current,
             last_heartbeat_time=NOW - MIN,
+            current_hash_resource_version=rv_at(since),
         ),
     )
 
@@ -589,6 +596,7 @@ def succeeded(
     )
     migration.status.target_storage_version_hash = target
     migration.status.started_at = started
+    migration.status.resource_version = rv_at(started)  # its first LIST
     migration.status.finished_at = started + MIN
     migration.status.conditions = set_condition(
         migration.status.conditions, condition_type="Succeeded", status="True", now=started + MIN
@@ -707,6 +715,10 @@ def _written(action: CreateState | UpdateState, old: StorageState | None, rv: in
             current_storage_version_hash=action.current_hash,
             last_heartbeat_time=action.heartbeat,
             current_storage_version_hashes=list(action.current_hashes),
+            # Issue 36: the revision when the switch is recorded (tasks/detecting.py reads it).
+            current_hash_resource_version=rv_at(action.heartbeat)
+            if action.record_switch
+            else action.switch_resource_version,
         ),
     )
 
@@ -774,9 +786,14 @@ def test_a_heartbeat_is_a_write_of_nothing_else() -> None:
         heartbeat=NOW,
         annotations=dict(old.metadata.annotations or {}),
         reason="heartbeat",
+        switch_resource_version=old.status.current_hash_resource_version,
     )
     assert is_heartbeat(update, old)
     assert not is_heartbeat(update, None), "a state not read yet is created, not beaten"
     assert not is_heartbeat(update.model_copy(update={"persisted": [UNKNOWN]}), old)
     assert not is_heartbeat(update.model_copy(update={"current_hash": OLD}), old)
     assert not is_heartbeat(update.model_copy(update={"annotations": {}}), old)
+    # Issue 36: recording the switch's resourceVersion (again) is a change, not a heartbeat.
+    assert not is_heartbeat(update.model_copy(update={"switch_resource_version": None}), old)
+    ref = GroupVersionResource(group="", version="v1", resource="secrets")
+    assert not is_heartbeat(update.model_copy(update={"record_switch": ref}), old)

@@ -144,6 +144,8 @@ class World:
                     reporters=action.current_hashes,
                     annotations=action.annotations,
                     rv=str(next(self.serial)),
+                    # Issue 36: the revision when the switch is recorded (tasks/detecting.py reads it).
+                    switch_rv=str(next(self.serial)) if action.record_switch else action.switch_resource_version,
                 )
             elif isinstance(action, DeleteMigration):
                 assert self.migrations[action.name].metadata.uid == action.uid
@@ -159,6 +161,7 @@ class World:
         m = self.migrations[name]
         m.status.target_storage_version_hash = target
         m.status.started_at = started
+        m.status.resource_version = str(next(self.serial))  # its first LIST: after every write so far
         m.status.conditions = set_condition(
             m.status.conditions, condition_type=CONDITION_RUNNING, status="True", now=started
         )
@@ -201,6 +204,7 @@ def stored_state(
     reporters: list[StorageVersionHash],
     annotations: dict[str, str],
     rv: str,
+    switch_rv: str | None = None,
 ) -> StorageState:
     return StorageState(
         metadata=ObjectMeta(name=NAME, resource_version=rv, annotations=dict(annotations)),
@@ -210,6 +214,7 @@ def stored_state(
             current_storage_version_hash=current,
             last_heartbeat_time=heartbeat,
             current_storage_version_hashes=list(reporters),
+            current_hash_resource_version=switch_rv,
         ),
     )
 
@@ -228,6 +233,7 @@ def before_the_table() -> World:
             ],
             annotations={SINCE_ANNOTATION: format_time(at(-600))},
             rv="1",
+            switch_rv="1",
         )
     )
 

@@ -16,7 +16,8 @@ import pytest
 from sqlalchemy import inspect
 
 from storage_migrator.cli.history import parse_since
-from storage_migrator.ledger import queries
+from storage_migrator.kube.in_tree import InTreeMigration
+from storage_migrator.ledger import in_tree_history, queries
 from storage_migrator.ledger.database import (
     LedgerConfigError,
     display_url,
@@ -25,6 +26,7 @@ from storage_migrator.ledger.database import (
     ledger_engine,
     schema_revision,
 )
+from storage_migrator.ledger.in_tree import record_in_tree, sighting
 from storage_migrator.ledger.recorder import RunRecorder, encryption_key_of, requested_by
 from storage_migrator.ledger.records import PollRecord, StateChange
 from storage_migrator.ledger.writer import LedgerWriter, WriterOptions
@@ -38,7 +40,8 @@ from storage_migrator.models import (
     StorageVersionMigrationStatus,
 )
 
-TABLES = {"migration_runs", "run_outcomes", "migration_chunks", "state_changes", "detection_polls", "ledger_gaps"}
+TABLES = {"migration_runs", "run_outcomes", "migration_chunks", "state_changes", "detection_polls", "ledger_gaps",
+          "in_tree_migrations"}  # fmt: skip
 
 
 def _url(path: Path) -> str:
@@ -288,5 +291,56 @@ def test_every_record_names_a_table_of_the_schema() -> None:
     """Records name their table by class (issue 29: no SQLAlchemy until a row is written)."""
     from storage_migrator.ledger import records, schema
 
-    kinds = [records.RunStarted, records.RunFinished, records.ChunkRecord, records.StateChange, records.PollRecord]
+    kinds = [records.RunStarted, records.RunFinished, records.ChunkRecord, records.StateChange, records.PollRecord,
+             records.InTreeSeen]  # fmt: skip
     assert {kind.row for kind in kinds} == {t.__name__ for t in schema.Base.__subclasses__()} - {"GapRow"}
+
+
+def in_tree(
+    uid: str, phase: str, *, by: str | None = "kubectl-create", resource: str = "configmaps"
+) -> InTreeMigration:
+    start = datetime(2026, 11, 29, 2, 7, 4, tzinfo=UTC)
+    return InTreeMigration(
+        api_version="storagemigration.k8s.io/v1beta1", name=f"svm-{uid}", uid=uid, group="", resource=resource,
+        created_at=start, phase=phase, running_since=start + timedelta(seconds=5) if phase != "Pending" else None,
+        finished_at=start + timedelta(seconds=80) if phase in ("Succeeded", "Failed") else None,
+        resource_version="40835" if phase != "Pending" else None, created_by=by,
+        reason="StorageVersionMigrationSucceeded" if phase == "Succeeded" else "",
+    )  # fmt: skip
+
+
+def test_an_in_tree_migration_is_recorded_once_per_phase(tmp_path: Path) -> None:
+    """Issue 36: "a ledger row and an event each (once per object and outcome, not every poll)". The
+    ledger knows what it has seen (cluster, uid, phase); a row a second poll submits anyway (it read
+    the ledger before the first one's row landed) is dropped by the database, not lost as a gap."""
+    url = _url(tmp_path / "l.db")
+    writer = LedgerWriter(url)
+    t = datetime(2026, 11, 29, 2, 8, tzinfo=UTC)
+    first = record_in_tree(writer, [in_tree("a", "Pending"), in_tree("b", "Running", by=None)], cluster="prod",
+                           now=t, flow_run_id="fr-1")  # fmt: skip
+    assert [(m.uid, m.phase) for m in first] == [("a", "Pending"), ("b", "Running")]
+    assert writer.flush(10)
+    polled = [in_tree("a", "Running"), in_tree("b", "Running", by=None)]
+    again = record_in_tree(writer, polled, cluster="prod", now=t + timedelta(minutes=10), flow_run_id="fr-2")
+    assert [(m.uid, m.phase) for m in again] == [("a", "Running")], "b's Running is known"
+    writer.submit(sighting(in_tree("b", "Running", by=None), cluster="prod", now=t, flow_run_id="fr-3"))
+    assert writer.flush(10)
+    assert writer.lost_rows == 0
+    done = record_in_tree(writer, [in_tree("a", "Succeeded")], cluster="prod", now=t + timedelta(minutes=20),
+                          flow_run_id="fr-4")  # fmt: skip
+    assert [m.phase for m in done] == ["Succeeded"]
+    # Another cluster's object of the same uid is its own.
+    assert record_in_tree(writer, [in_tree("a", "Pending")], cluster="other", now=t, flow_run_id=None) != []
+    assert writer.flush(10)
+    engine = ledger_engine(url)
+    assert queries.gaps(engine) == []
+    history = in_tree_history.in_tree_history(engine, cluster="prod")
+    by_uid = {h.migration_uid: h for h in history}
+    assert by_uid["a"].phases_seen == ["Pending", "Running", "Succeeded"] and by_uid["a"].phase == "Succeeded"
+    assert by_uid["a"].created_by == "kubectl-create" and by_uid["a"].resource_version == "40835"
+    assert by_uid["a"].started_at == datetime(2026, 11, 29, 2, 7, 9, tzinfo=UTC)
+    assert by_uid["b"].phases_seen == ["Running"] and by_uid["b"].created_by is None
+    assert in_tree_history.in_tree_history(engine, cluster="prod", resource="secrets") == []
+    assert {h.cluster for h in in_tree_history.in_tree_history(engine)} == {"prod", "other"}
+    assert in_tree_history.in_tree_seen(engine, cluster="prod", uids=["a", "zzz"]) == {
+        ("a", "Pending"), ("a", "Running"), ("a", "Succeeded")}  # fmt: skip

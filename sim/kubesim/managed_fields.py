@@ -1,5 +1,10 @@
 """`metadata.managedFields` entries (FieldsV1) for the writes kubesim stores, as an
-Update operation records them."""
+Update operation records them.
+
+A write through a subresource (`/status`) is an entry of its own, as kube-apiserver keeps
+one per manager, operation and subresource: `"subresource": "status"`, tracking `f:status`
+only; a write of the main resource tracks everything but the status.
+"""
 
 from __future__ import annotations
 
@@ -20,16 +25,21 @@ def _fields_v1(value: Any) -> dict[str, Any]:
     return out
 
 
-def managed_fields_entry(obj: dict[str, Any], *, manager: str, api_version: str) -> dict[str, Any]:
+def managed_fields_entry(
+    obj: dict[str, Any], *, manager: str, api_version: str, subresource: str | None = None
+) -> dict[str, Any]:
     tracked: dict[str, Any] = {}
-    meta = obj.get("metadata") or {}
-    meta_fields = {k: meta[k] for k in ("labels", "annotations", "finalizers") if k in meta}
-    if meta_fields:
-        tracked["f:metadata"] = {f"f:{k}": _fields_v1(v) for k, v in meta_fields.items()}
-    for key, value in obj.items():
-        if key not in ("apiVersion", "kind", "metadata", "status"):
-            tracked[f"f:{key}"] = _fields_v1(value)
-    return {
+    if subresource == "status":
+        tracked["f:status"] = _fields_v1(obj.get("status"))
+    else:
+        meta = obj.get("metadata") or {}
+        meta_fields = {k: meta[k] for k in ("labels", "annotations", "finalizers") if k in meta}
+        if meta_fields:
+            tracked["f:metadata"] = {f"f:{k}": _fields_v1(v) for k, v in meta_fields.items()}
+        for key, value in obj.items():
+            if key not in ("apiVersion", "kind", "metadata", "status"):
+                tracked[f"f:{key}"] = _fields_v1(value)
+    entry = {
         "manager": manager,
         "operation": "Update",
         "apiVersion": api_version,
@@ -37,6 +47,9 @@ def managed_fields_entry(obj: dict[str, Any], *, manager: str, api_version: str)
         "fieldsType": "FieldsV1",
         "fieldsV1": tracked,
     }
+    if subresource:
+        entry["subresource"] = subresource
+    return entry
 
 
 def _without_volatile(obj: dict[str, Any]) -> dict[str, Any]:
@@ -44,8 +57,11 @@ def _without_volatile(obj: dict[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
-def fix_managed_fields(new: dict[str, Any], current: dict[str, Any], manager: str) -> None:
-    """An update's entries: the manager's own replaced, or, when nothing else changed, the current ones kept."""
+def fix_managed_fields(
+    new: dict[str, Any], current: dict[str, Any], manager: str, subresource: str | None = None
+) -> None:
+    """An update's entries: the manager's own (for that subresource) replaced, or, when nothing else
+    changed, the current ones kept."""
     meta = new["metadata"]
     old_entries = current["metadata"].get("managedFields")
     if "managedFields" not in meta and old_entries is not None:
@@ -55,6 +71,10 @@ def fix_managed_fields(new: dict[str, Any], current: dict[str, Any], manager: st
         if old_entries is None:
             meta.pop("managedFields", None)
         return
-    entries = [e for e in (meta.get("managedFields") or []) if e.get("manager") != manager]
-    entries.append(managed_fields_entry(new, manager=manager, api_version=new["apiVersion"]))
+    entries = [
+        e
+        for e in (meta.get("managedFields") or [])
+        if (e.get("manager"), e.get("subresource")) != (manager, subresource or None)
+    ]
+    entries.append(managed_fields_entry(new, manager=manager, api_version=new["apiVersion"], subresource=subresource))
     meta["managedFields"] = entries

@@ -122,7 +122,7 @@ class RegistryWrites(RegistryReads):
             proposed = mutate(copy.deepcopy(current))
             proposed = check_body(rt, version, proposed, namespace)
             new = merge_update(rt, version, current, proposed, subresource, name)
-            fix_managed_fields(new, current, manager)
+            fix_managed_fields(new, current, manager, subresource)
             value, plaintext = self._encode(rt, new)
             stale_key = stored.key_name != self.config.encryption.write_key(storage_group_resource(rt))
             if plaintext == stored.plaintext and not stale_key:

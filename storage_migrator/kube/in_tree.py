@@ -137,8 +137,10 @@ class InTreeMigration(BaseModel):
         return f"{IN_TREE_KIND_NAME}/{self.name}"
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> InTreeMigration | None:
-        """Read a raw object as the API returns it; None without a name, uid or resource."""
+    def from_object(cls, obj: Mapping[str, Any], *, api_version: str = "") -> InTreeMigration | None:
+        """Read a raw object as the API returns it; None without a name, uid or resource. `api_version`
+        is the version it was listed in: a list's items may carry no apiVersion of their own (a real
+        kube-apiserver leaves it out of a built-in type's items)."""
         metadata = as_mapping(obj.get("metadata"))
         resource = as_mapping(as_mapping(obj.get("spec")).get("resource"))
         name, uid, plural = metadata.get("name"), metadata.get("uid"), resource.get("resource")
@@ -161,7 +163,7 @@ class InTreeMigration(BaseModel):
         rv = status.get("resourceVersion")
         labels = as_mapping(metadata.get("labels"))
         return cls(
-            api_version=str(obj.get("apiVersion") or ""),
+            api_version=str(obj.get("apiVersion") or api_version),
             name=name,
             uid=uid,
             group=str(resource.get("group") or ""),
@@ -181,5 +183,9 @@ class InTreeMigration(BaseModel):
 def list_in_tree(api: ApiClient, version: str, *, timeout: float = DEFAULT_TIMEOUT_SECONDS) -> list[InTreeMigration]:
     """Every in-tree StorageVersionMigration, read in ``version`` (metadata, spec and status only)."""
     ref = ResourceRef(group=IN_TREE_GROUP, version=version, resource=IN_TREE_RESOURCE)
-    found = (InTreeMigration.from_object(item) for item in iterate_items(api, ref, limit=500, timeout=timeout))
+    listed_in = f"{IN_TREE_GROUP}/{version}"
+    found = (
+        InTreeMigration.from_object(item, api_version=listed_in)
+        for item in iterate_items(api, ref, limit=500, timeout=timeout)
+    )
     return [m for m in found if m is not None]

@@ -39,7 +39,7 @@ FAST = {"write_rate_per_second": 2000.0}
 # seed 000 uses CronJob; hashes as kube-apiserver computes them (sha256 of group/version/kind).
 CRONJOBS_V1 = "sd5LIXh4Fjs="
 #: The in-tree API's version kubesim serves today (1.36's); v1 once kubesim serves it (part 36sim).
-IN_TREE_V = "v1beta1"
+IN_TREE_V = "v1"
 
 
 def poll(kubesim: Any, *, settle: float = 0.0) -> Any:
@@ -261,9 +261,11 @@ def test_the_one_second_tie_is_ordered_by_resource_version(
 
 @pytest.fixture
 def in_tree(kubesim: Any, clean_slate: Any) -> Iterator[InTree]:
-    """kube-controller-manager's migration API served (kubesim's StorageVersionMigrator gate), and a
-    stand-in for its controller's status writes until kubesim runs one (part 36sim); every in-tree
+    """kube-controller-manager's migration API served (kubesim's StorageVersionMigrator gate) with
+    kubesim's own controller off and this test standing in for its status writes, so that each
+    phase happens exactly where the test needs it (before or after the switch); every in-tree
     object the test made deleted afterwards (the kubesim fixture then puts the gate back)."""
+    kubesim.admin.set_svm_controller(enabled=False)
     kubesim.admin.set_feature_gates({"StorageVersionMigrator": True})
     made = InTree(kubesim=kubesim, custom=k8s.CustomObjectsApi(clean_slate))
     yield made
@@ -296,7 +298,8 @@ class InTree:
         rv = current_resource_version(api, ResourceRef(group="batch", version="v1", resource="cronjobs"))
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.status(name, {"resourceVersion": rv, "conditions": [
-            {"type": "Running", "status": "True", "lastTransitionTime": now, "reason": "", "message": ""}]})  # fmt: skip
+            {"type": "Running", "status": "True", "lastTransitionTime": now, "reason": "MigrationRunning",
+             "message": "The migration is running"}]})  # fmt: skip
         return rv
 
     def succeed(self, name: str, api: Any, namespace: str) -> None:

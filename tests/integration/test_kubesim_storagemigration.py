@@ -191,3 +191,21 @@ def test_status_writes_are_validated(http: Http) -> None:
     assert {c["field"] for c in body["details"]["causes"]} == {
         "status.conditions[0].lastTransitionTime", "status.conditions[0].reason",
     }  # fmt: skip
+
+
+def test_a_status_write_is_a_managed_fields_entry_of_its_own(http: Http) -> None:
+    """As kube-apiserver keeps managedFields: one entry per manager, operation and subresource. The
+    controller's write through /status is `"subresource": "status"` and owns `f:status` only, so the
+    creator stays the manager that owns `f:spec` (detection names it: storage_migrator/kube/in_tree.py)."""
+    name = f"mf-{uuid.uuid4().hex[:8]}"
+    http.ok("POST", f"{V1}?fieldManager=kubectl-create", svm(name, api_version="v1"))
+    running = {"type": "Running", "status": "True", "lastTransitionTime": "2026-11-29T02:07:05Z",
+               "reason": "MigrationRunning", "message": "The migration is running"}  # fmt: skip
+    http.ok("PATCH", f"{V1}/{name}/status?fieldManager=kube-controller-manager",
+            {"status": {"resourceVersion": "1", "conditions": [running]}}, ctype=MERGE)  # fmt: skip
+    entries = {e["manager"]: e for e in http.ok("GET", f"{V1}/{name}")["metadata"]["managedFields"]}
+    assert set(entries) == {"kubectl-create", "kube-controller-manager"}
+    assert "subresource" not in entries["kubectl-create"] and "f:spec" in entries["kubectl-create"]["fieldsV1"]
+    controller = entries["kube-controller-manager"]
+    assert controller["subresource"] == "status" and controller["operation"] == "Update"
+    assert set(controller["fieldsV1"]) == {"f:status"}

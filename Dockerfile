@@ -10,34 +10,6 @@
 # one from Debian's packages (mmdebstrap: python3, python3-venv) and names it here
 # (--build-arg BASE=localhost/storage-migrator-base:...); the rest of this file is the same.
 ARG BASE=docker.io/library/python:3.11-slim
-
-# The dependencies, installed by uv in a stage of their own: the image gets the environment,
-# not uv nor pip.
-FROM ${BASE} AS dependencies
-# Build-only settings, none of them in the image: where the build's network goes through a TLS
-# proxy, the CA bundle that trusts it (pip reads PIP_CERT, uv SSL_CERT_FILE), mounted by
-# scripts/image.sh for the build only; and uv's download cache: none by default, while
-# scripts/image.sh with podman mounts the host's (filled by scripts/bootstrap.sh from the same
-# uv.lock) and sets UV_NO_CACHE=0, so that a first build downloads nothing twice.
-ARG PIP_CERT
-ARG SSL_CERT_FILE
-ARG UV_NO_CACHE=1
-ENV UV_COMPILE_BYTECODE=1 \
-    UV_LINK_MODE=copy \
-    UV_PYTHON_DOWNLOADS=never
-RUN python3 -m venv /opt/uv && /opt/uv/bin/pip install --no-cache-dir 'uv>=0.5,<1'
-WORKDIR /opt/prefect
-# A layer that changes only with the lock file. sim/pyproject.toml only describes the
-# workspace's other member (kubesim and the dev stack, dev-only): uv reads it to trust the
-# lock, and installs none of it without the dev group. The project is installed editable (a
-# .pth naming /opt/prefect, and the storage-migrator script): its packages are empty here,
-# their code is copied in below.
-COPY pyproject.toml uv.lock README.md ./
-COPY sim/pyproject.toml ./sim/
-RUN mkdir storage_migrator flows tasks \
-    && touch storage_migrator/__init__.py flows/__init__.py tasks/__init__.py \
-    && /opt/uv/bin/uv sync --frozen --no-dev
-
 FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -55,8 +27,28 @@ RUN groupadd --gid 10001 migrator \
 
 WORKDIR /opt/prefect
 
-COPY --from=dependencies /opt/prefect/.venv ./.venv
+# Build-only settings, none of them in the image: where the build's network goes through a TLS
+# proxy, the CA bundle that trusts it (pip reads PIP_CERT, uv SSL_CERT_FILE), mounted by
+# scripts/image.sh for the build only; and uv's download cache: none by default, while
+# scripts/image.sh with podman mounts the host's (filled by scripts/bootstrap.sh from the same
+# uv.lock) and sets UV_NO_CACHE=0, so that a first build downloads nothing twice.
+ARG PIP_CERT
+ARG SSL_CERT_FILE
+ARG UV_NO_CACHE=1
+
+# Dependencies first (a layer that changes only with the lock file). sim/pyproject.toml
+# only describes the workspace's other member (kubesim and the dev stack, dev-only):
+# uv reads it to trust the lock, and installs none of it without the dev group. uv itself is
+# installed in /tmp and removed in the same step: it is in no layer. The project is installed
+# editable (a .pth naming /opt/prefect, and the storage-migrator script), its packages empty
+# here: their code is copied in below, and a change to it leaves this layer as it is.
 COPY pyproject.toml uv.lock README.md ./
+COPY sim/pyproject.toml ./sim/
+RUN python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir --quiet 'uv>=0.5,<1' \
+    && mkdir storage_migrator flows tasks \
+    && touch storage_migrator/__init__.py flows/__init__.py tasks/__init__.py \
+    && UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never /tmp/uv/bin/uv sync --frozen --no-dev \
+    && rm -rf /tmp/uv /tmp/uv-*.lock storage_migrator flows tasks
 
 # The project: the flows, tasks and domain code prefect.yaml's entrypoints name.
 COPY prefect.yaml ./

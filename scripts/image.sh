@@ -40,7 +40,7 @@ IMAGE=localhost/storage-migrator:$VERSION
 #: in the build need it. Mounted for the build only; never in a layer.
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 
-log() { echo "image.sh: $*" >&2; }
+log() { echo "image.sh: [${SECONDS} s] $*" >&2; }
 
 apt_install() {
     log "installing $* from Debian's packages"
@@ -212,6 +212,9 @@ build() {
     fi
     log "building $IMAGE with $ENGINE on $BASE"
     "$ENGINE" build "${args[@]}" . >&2
+    # The images of earlier builds that no tag names any more (this build's cache is not among them).
+    "$ENGINE" image prune --force >/dev/null
+    log "built $IMAGE"
     echo "$IMAGE"
 }
 

@@ -108,9 +108,10 @@ print(json.dumps({
     "writable": {d: writable(d) for d in ("/", "/opt/prefect", "/opt/prefect/.venv", "/var/tmp", "/tmp")},
     "entrypoints": entrypoints,
     "distributions": sorted({d.metadata["Name"].lower().replace("_", "-") for d in importlib.metadata.distributions()}),
-    "modules": {m: importlib.util.find_spec(m) is not None for m in ("kubesim", "devstack", "pytest", "hypothesis",
+    "modules": {m: importlib.util.find_spec(m) is not None for m in ("kubesim", "devstack", "celpy", "pytest", "hypothesis",
                                                                      "playwright", "mypy", "importlinter", "tests", "bench")},
     "top": sorted(os.listdir("/opt/prefect")),
+    "sim": sorted(os.listdir("/opt/prefect/sim")),
     "tools": {t: any(os.path.exists(os.path.join(p, t)) for p in os.environ["PATH"].split(":"))
               for t in ("uv", "pip", "kubectl", "etcd", "ruff")},
 }))
@@ -142,7 +143,8 @@ def test_the_image_is_what_the_job_runs_and_holds_no_dev_stack(image: str) -> No
     assert not dev & set(seen["distributions"]), "the dev group is in the image"
     assert _names(pyproject["project"]["dependencies"]) <= set(seen["distributions"])
     assert not any(seen["modules"].values()), seen["modules"]
-    assert not {"tests", "bench", "sim", "docs", "deployments", "scripts"} & set(seen["top"]), seen["top"]
+    assert not {"tests", "bench", "docs", "deployments", "scripts"} & set(seen["top"]), seen["top"]
+    assert seen["sim"] == ["pyproject.toml"]  # what uv reads to trust the lock: no kubesim, no devstack
     assert seen["tools"] == {"uv": False, "pip": False, "kubectl": False, "etcd": False, "ruff": False}
 
 

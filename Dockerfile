@@ -10,6 +10,18 @@
 # one from Debian's packages (mmdebstrap: python3, python3-venv) and names it here
 # (--build-arg BASE=localhost/storage-migrator-base:...); the rest of this file is the same.
 ARG BASE=docker.io/library/python:3.11-slim
+
+# What uv reads to install from the lock, and nothing else: the tools' settings in
+# pyproject.toml (ruff, mypy, pytest, import-linter) and README.md change often, and a change
+# to them must leave the dependencies' layer as it is. Only this small stage runs again then.
+FROM ${BASE} AS lock
+WORKDIR /lock
+COPY pyproject.toml uv.lock ./
+COPY sim/pyproject.toml ./sim/
+RUN awk '/^\[/ { keep = /^\[\[?(project|build-system|dependency-groups|tool\.uv|tool\.hatch)[].]/ } keep' \
+        pyproject.toml >pyproject.lock.toml \
+    && mv pyproject.lock.toml pyproject.toml
+
 FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -36,19 +48,19 @@ ARG PIP_CERT
 ARG SSL_CERT_FILE
 ARG UV_NO_CACHE=1
 
-# Dependencies first (a layer that changes only with the lock file). sim/pyproject.toml
+# Dependencies first (a layer that changes only with the lock file, above). sim/pyproject.toml
 # only describes the workspace's other member (kubesim and the dev stack, dev-only):
 # uv reads it to trust the lock, and installs none of it without the dev group. uv itself is
 # installed in /tmp and removed in the same step: it is in no layer. The project is installed
-# editable (a .pth naming /opt/prefect, and the storage-migrator script), its packages empty
-# here: their code is copied in below, and a change to it leaves this layer as it is.
-COPY pyproject.toml uv.lock README.md ./
-COPY sim/pyproject.toml ./sim/
+# editable (a .pth naming /opt/prefect, and the storage-migrator script), its packages (and
+# the README its metadata names) empty here: their code is copied in below, and a change to it
+# leaves this layer as it is.
+COPY --from=lock /lock/ ./
 RUN python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir --quiet 'uv>=0.5,<1' \
     && mkdir storage_migrator flows tasks \
-    && touch storage_migrator/__init__.py flows/__init__.py tasks/__init__.py \
+    && touch README.md storage_migrator/__init__.py flows/__init__.py tasks/__init__.py \
     && UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never /tmp/uv/bin/uv sync --frozen --no-dev \
-    && rm -rf /tmp/uv /tmp/uv-*.lock storage_migrator flows tasks
+    && rm -rf /tmp/uv /tmp/uv-*.lock README.md storage_migrator flows tasks
 
 # The project: the flows, tasks and domain code prefect.yaml's entrypoints name.
 COPY prefect.yaml ./

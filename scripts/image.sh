@@ -44,8 +44,9 @@ log() { echo "image.sh: [${SECONDS} s] $*" >&2; }
 
 apt_install() {
     log "installing $* from Debian's packages"
-    apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
+    # Waits for another apt-get of this machine (another clone's bootstrap) rather than failing.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$@" >&2
 }
 
 docker_answers() {

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "image.sh"
+#: Podman, wherever docker also answers: the node stand-in's options are podman's
+#: (`--read-only-tmpfs=false`, tmpfs `notmpcopyup`), and CI's machines have no docker engine.
+ENV = {**os.environ, "STORAGE_MIGRATOR_IMAGE_ENGINE": "podman"}
 
 
 class ImageBuild:
@@ -26,8 +30,9 @@ class ImageBuild:
         self._dir = Path(tempfile.mkdtemp(prefix="storage-migrator-image-build-"))
         self.log = self._dir / "build.log"
         with self.log.open("wb") as err, (self._dir / "name").open("wb") as out:
+            # A session of its own: a Ctrl-C in the terminal must not cut apt-get short mid-install.
             self._proc = subprocess.Popen(["bash", str(SCRIPT), "build"], cwd=REPO, stdout=out, stderr=err,
-                                          stdin=subprocess.DEVNULL, env={**os.environ})  # fmt: skip
+                                          stdin=subprocess.DEVNULL, env=ENV, start_new_session=True)  # fmt: skip
 
     def image(self, timeout: float) -> str:
         """The built image's name; an AssertionError with the build's last lines if it failed."""
@@ -46,13 +51,14 @@ class ImageBuild:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
     def close(self) -> None:
-        """Stop a build still going (the session ends early), and remove the logs."""
+        """The build waited for if the session ends before it (an early failure): stopped in the middle
+        it could leave dpkg half-done (apt-get) and the lock held; stopped only past a bound, as a
+        whole. Then the logs removed."""
         if self._proc.poll() is None:
-            self._proc.terminate()
             try:
-                self._proc.wait(timeout=30)
+                self._proc.wait(timeout=900)
             except subprocess.TimeoutExpired:
-                self._proc.kill()
+                os.killpg(self._proc.pid, signal.SIGKILL)
                 self._proc.wait()
         shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -83,7 +89,7 @@ def stop() -> None:
 def engine(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess[str]:
     """`scripts/image.sh engine ARGS...`: podman (or docker) with the configuration builds use."""
     done = subprocess.run(["bash", str(SCRIPT), "engine", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+                          timeout=timeout, stdin=subprocess.DEVNULL, env=ENV)  # fmt: skip
     if check:
         assert done.returncode == 0, f"scripts/image.sh engine {' '.join(args)}: {done.stderr[-2000:]}"
     return done

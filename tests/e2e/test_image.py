@@ -80,7 +80,7 @@ def in_image(
     image: str, *args: str, options: tuple[str, ...] = (), timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(image_build.run_argv(*options, image, *args), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+                          timeout=timeout, stdin=subprocess.DEVNULL, env=image_build.ENV)  # fmt: skip
 
 
 #: What the Job's pod allows (deployments/work-pool/kubernetes.json): the image's own user, a
@@ -173,7 +173,7 @@ class Container:
         self.log = log
         with log.open("wb") as out:
             self.proc = subprocess.Popen([*argv[:3], "--name", self.name, *argv[3:]], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=image_build.ENV)  # fmt: skip
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -186,7 +186,7 @@ class Container:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        image_build.engine("rm", "--force", "--ignore", self.name, check=False, timeout=60)
+        image_build.engine("rm", "--force", self.name, check=False, timeout=60)  # if `--rm` could not
 
 
 @pytest.fixture
@@ -294,7 +294,7 @@ def test_the_worker_submits_a_job_whose_container_migrates_from_the_image(
     assert options[user : user + 2] == ["--user", "10001:10001"]
     assert any(o.startswith("/tmp:") for o in options), options
     done = subprocess.run(image_build.run_argv(*options, job_image, *args), capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)  # fmt: skip
+                          timeout=600, stdin=subprocess.DEVNULL, env=image_build.ENV)  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
 
     # Judged by etcd: every object of the namespace rewritten in the new storage version.

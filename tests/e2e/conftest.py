@@ -7,7 +7,10 @@ tier, not one per file; a server, a deploy and a worker cost 30-40 s of CPU each
 - test_ui.py (issue 23) opens the server's UI in a browser;
 - test_schedule.py has the server's scheduler fire the detection schedule;
 - test_scale_out.py adds two workers of its own on queues the stack's worker does not read;
-- test_fleet_pull.py adds two clusters in pull mode, each with a worker on a pool of its own.
+- test_fleet_pull.py adds two clusters in pull mode, each with a worker on a pool of its own;
+- test_image.py (issue 38) runs the image of Dockerfile: its worker submits a run of the stack's
+  server as a Job, and the Job's container migrates. The image is built in the background from
+  the session's start (tests/e2e/image_build.py), while the other tests run.
 
 The detection schedule (every 10 minutes) is paused from the start: a poll of the shared
 cluster requests a migration of every resource there, and one that fired inside a test would
@@ -21,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Generator, Iterator
 from typing import Any
 
+import image_build
 import pytest
 from shared_stack import STACK_QUEUE, paused_detection
 
@@ -30,6 +34,8 @@ from devstack.postgres import Postgres, start_postgres
 #: The module that runs last: it counts every write to the cluster (test_scale_out.py), so the
 #: runs the other modules started (the UI's) are over by then.
 LAST = ("test_scale_out.py",)
+#: The module that runs just before it: the later, the likelier its image is built by then.
+LATE = ("test_image.py",)
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +74,18 @@ def deployed_stack(kubesim_session: Any, migration_crds: None, stack_postgres: P
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """test_scale_out.py last (see LAST); the others in their order."""
-    items.sort(key=lambda item: item.path.name in LAST)
+    """test_image.py then test_scale_out.py last (see LATE and LAST); the others in their order."""
+    items.sort(key=lambda item: (item.path.name in LAST, item.path.name in LATE))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The image's build started now, in the background, if a test of it is to run."""
+    if any(item.path.name == "test_image.py" for item in session.items):
+        image_build.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    image_build.stop()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

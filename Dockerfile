@@ -37,6 +37,8 @@ COPY prefect.yaml ./
 COPY storage_migrator ./storage_migrator
 COPY tasks ./tasks
 COPY flows ./flows
+# The flow-run process of every Job (issue 35): storage-migrator-run.
+COPY flow_runner ./flow_runner
 # The import check with a Prefect home of its own, removed after: nothing root-owned is left in /tmp.
 RUN uv sync --frozen --no-dev --no-cache \
     && storage-migrator --help >/dev/null \

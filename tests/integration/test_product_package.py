@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = {"storage_migrator", "flows", "tasks"}
+PRODUCT = {"storage_migrator", "flows", "tasks", "flow_runner"}
 SIM = {"kubesim", "devstack"}
 
 
@@ -92,6 +92,10 @@ def test_the_images_uv_sync_installs_the_product_and_nothing_of_the_simulator(tm
     cli = subprocess.run([str(context / ".venv" / "bin" / "storage-migrator"), "--help"], cwd=context, env=env,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert cli.returncode == 0 and "verify-etcd" in cli.stdout, cli.stderr
+    # Issue 35: the Jobs' command, the runner, is in the image (without a flow run it says what it needs).
+    runner = subprocess.run([str(context / ".venv" / "bin" / "storage-migrator-run")], cwd=context, env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert runner.returncode == 2 and "PREFECT__FLOW_RUN_ID" in runner.stderr, runner.stderr
     for module in ("kubesim", "devstack", "celpy", "playwright", "pytest"):
         missing = run(f"import {module}")
         assert missing.returncode != 0 and "ModuleNotFoundError" in missing.stderr, (module, missing.stderr)

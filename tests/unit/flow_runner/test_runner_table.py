@@ -56,3 +56,11 @@ def test_the_install_reads_its_cluster_from_its_own_environment(monkeypatch: pyt
     monkeypatch.setenv("STORAGE_MIGRATOR_CHUNK_SIZE", "not-a-number")
     with pytest.raises(shipped.InstallUnreadable, match="STORAGE_MIGRATOR_"):
         shipped.install()
+
+
+@pytest.mark.parametrize("entrypoint", sorted(shipped.SHIPPED))
+def test_no_flow_has_crash_or_cancellation_hooks(entrypoint: str) -> None:
+    """`storage-migrator worker` runs no hook in the worker (Prefect's would load the flow through the
+    API's pull steps there: cli/workers.py): our flows must have none to lose."""
+    flow = shipped.load(entrypoint)
+    assert not flow.on_crashed_hooks and not flow.on_cancellation_hooks

@@ -101,9 +101,11 @@ def install_template(path: Path, image: str | None) -> dict[str, Any]:
     return template
 
 
-def _ignored(flow_run: FlowRun, deployment: DeploymentResponse | None, how: str) -> None:
-    """Said on the run's log: which job variables were not applied (their names only: values may be secrets)."""
-    names = sorted({*((deployment.job_variables or {}) if deployment else {}), *(flow_run.job_variables or {})})
+def _ignored(flow_run: FlowRun, deployment: DeploymentResponse | None, how: str, *, same: dict[str, Any]) -> None:
+    """Said on the run's log: which job variables were not applied (their names only: values may be secrets).
+    `same`: values that ask for what the worker does anyway (prefect.yaml's `command`, the install's image)."""
+    given = {**((deployment.job_variables or {}) if deployment else {}), **(flow_run.job_variables or {})}
+    names = sorted(k for k, v in given.items() if k not in same or same[k] != v)
     if names:
         flow_run_logger(flow_run).warning(
             "storage-migrator worker applies no job variable (issue 35): %s not applied; %s", ", ".join(names), how
@@ -132,7 +134,8 @@ class RunnerJobConfiguration(ProcessJobConfiguration):
         if deployment is None and flow_run.deployment_id:
             deployment = await client.read_deployment(flow_run.deployment_id)
         flow = await client.read_flow(flow_run.flow_id)
-        _ignored(flow_run, deployment, "each run is storage-migrator-run, in this worker's own environment")
+        _ignored(flow_run, deployment, "each run is storage-migrator-run, in this worker's own environment",
+                 same={"command": RUNNER})  # fmt: skip
         configuration = cls(command=command_to_string(runner_argv()), stream_output=True)
         configuration.prepare_for_flow_run(flow_run=flow_run, deployment=deployment, flow=flow, work_pool=work_pool,
                                            worker_name=worker_name, worker_id=worker_id)  # fmt: skip
@@ -195,10 +198,11 @@ class InstallJobConfiguration(KubernetesWorkerJobConfiguration):  # type: ignore
         if deployment is None and flow_run.deployment_id:
             deployment = await client.read_deployment(flow_run.deployment_id)
         flow = await client.read_flow(flow_run.flow_id)
-        _ignored(flow_run, deployment, "each Job is the install's template (deployments/work-pool/kubernetes.json)")
+        template = cls.install_template()
+        _ignored(flow_run, deployment, "each Job is the install's template (deployments/work-pool/kubernetes.json)",
+                 same={"command": RUNNER, "image": _container(template).get("image")})  # fmt: skip
         # The install's template and its own defaults: no value from the pool or the job variables.
-        configuration: InstallJobConfiguration = await cls.from_template_and_values(cls.install_template(), {},
-                                                                                    client=client)  # fmt: skip
+        configuration: InstallJobConfiguration = await cls.from_template_and_values(template, {}, client=client)
         configuration.prepare_for_flow_run(flow_run=flow_run, deployment=deployment, flow=flow, work_pool=work_pool,
                                            worker_name=worker_name, worker_id=worker_id)  # fmt: skip
         # Whatever a later Prefect adds, the Job carries only what the admission policy lets through.

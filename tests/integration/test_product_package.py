@@ -96,6 +96,10 @@ def test_the_images_uv_sync_installs_the_product_and_nothing_of_the_simulator(tm
     runner = subprocess.run([str(context / ".venv" / "bin" / "storage-migrator-run")], cwd=context, env=env,
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert runner.returncode == 2 and "PREFECT__FLOW_RUN_ID" in runner.stderr, runner.stderr
+    # The runner accepts one pull step: into the install's directory, which must be the image's WORKDIR
+    # (where `prefect deploy --job-variable image=...` records the runs' working directory).
+    where = run("from flow_runner.shipped import INSTALL_DIRECTORY; print(INSTALL_DIRECTORY)")
+    assert where.stdout.strip() == str(context.resolve()), where.stdout + where.stderr
     for module in ("kubesim", "devstack", "celpy", "playwright", "pytest"):
         missing = run(f"import {module}")
         assert missing.returncode != 0 and "ModuleNotFoundError" in missing.stderr, (module, missing.stderr)

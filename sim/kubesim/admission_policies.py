@@ -27,8 +27,9 @@ fails to evaluate). A policy is not validated when it is created (the real serve
 type-checks it). DELETE and CONNECT are not admitted here; only the requests kubesim's HTTP
 handler serves are (kubesim's own writes carry no request).
 
-Policies and bindings are read from etcd at most every 0.25 s, and at once after a write of
-one through this server (a real server's informers take a moment too).
+Policies and bindings are read from etcd at most every 0.25 s, and at once after this server
+wrote or deleted one (another server's changes count within the 0.25 s: a real server's
+informers take a moment too).
 """
 
 from __future__ import annotations
@@ -99,9 +100,10 @@ def _cache(registry: RegistryWrites) -> _Cache:
         return _caches.setdefault(id(registry.etcd), _Cache())
 
 
-def policies_written(registry: RegistryWrites) -> None:
-    """A policy or binding is being written: read them again at the next request."""
-    _cache(registry).stale = True
+def policies_written(registry: RegistryWrites, rt: ResourceType) -> None:
+    """After any write: one of a policy or binding has them read again at the next request."""
+    if rt.group == GROUP and rt.resource in (POLICIES, BINDINGS):
+        _cache(registry).stale = True
 
 
 def _current(registry: RegistryWrites) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -153,10 +155,14 @@ def _labels_match(selector: dict[str, Any] | None, labels: dict[str, str]) -> bo
         return False
     for expr in selector.get("matchExpressions") or []:
         key, op, values = expr.get("key", ""), expr.get("operator"), expr.get("values") or []
-        present = key in labels
-        if (op == "In" and (not present or labels[key] not in values)) or (
-            op == "NotIn" and present and labels[key] in values) or (
-            op == "Exists" and not present) or (op == "DoesNotExist" and present):  # fmt: skip
+        value = labels.get(key)
+        holds = {
+            "In": value is not None and value in values,
+            "NotIn": value is None or value not in values,
+            "Exists": value is not None,
+            "DoesNotExist": value is None,
+        }.get(str(op), False)
+        if not holds:
             return False
     return True
 
@@ -257,7 +263,7 @@ def _message(validation: dict[str, Any], activation: dict[str, Any]) -> str:
             text = _evaluate(str(validation["messageExpression"]), activation)
         except _EvalFailed:
             text = None
-        if isinstance(text, celtypes.StringType) and str(text).strip() and "\n" not in str(text):
+        if isinstance(text, str) and text.strip() and "\n" not in text:  # cel-python: a str, or its StringType
             return str(text).strip()
     if str(validation.get("message") or "").strip():
         return str(validation["message"]).strip()
@@ -268,8 +274,6 @@ def admit(registry: RegistryWrites, rt: ResourceType, version: str, namespace: s
           old: dict[str, Any] | None, operation: str, *, subresource: str | None = None,
           dry_run: bool = False) -> None:  # fmt: skip
     """Raise the denial of the first policy and binding that refuse this write (nothing when none does)."""
-    if rt.group == GROUP and rt.resource in (POLICIES, BINDINGS):
-        policies_written(registry)
     context = request_context.get()
     if context is None:
         return  # kubesim's own writes (leases, StorageVersions): no request to admit

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from kubesim.admission_policies import admit
+from kubesim.admission_policies import admit, policies_written
 from kubesim.errors import StatusError, already_exists, bad_request, conflict, not_found
 from kubesim.etcd import prefix_end
 from kubesim.managed_fields import fix_managed_fields, managed_fields_entry, now_rfc3339
@@ -99,6 +99,7 @@ class RegistryWrites(RegistryReads):
     def _after_write(self, rt: ResourceType) -> None:
         if rt.resource == "customresourcedefinitions":
             self.refresh_crds(force=True)
+        policies_written(self, rt)
 
     def update(
         self,

@@ -298,9 +298,9 @@ def add(name: Cluster, pool: Pool = None, queue: Queue = None, uid: Uid = None,
         print(f"identity: cluster {cluster!r} is kube-system uid {pinned} ({'already recorded' if recorded else 'recorded'}"
               f"): every run for it checks its cluster is that one before any write", file=sys.stderr)  # fmt: skip
     else:
-        print(f"note: cluster {cluster!r}'s identity is recorded by its first run, whatever cluster that run reaches "
-              f"(trust on first use): give --uid to record it now (docs/operator-guide.md, 'A cluster's identity')",
-              file=sys.stderr)  # fmt: skip
+        print(f"note: the identity of cluster {cluster!r} is recorded by its first run, whatever cluster that run "
+              f"reaches (trust on first use): give --uid to record it now (docs/operator-guide.md, 'A cluster's "
+              f"identity')", file=sys.stderr)  # fmt: skip
     rows: list[dict[str, Any]] = [
         {"deployment": c.full_name, "action": action, "mode": mode_of(c.tags), "work_pool": c.work_pool_name,
          "work_queue": c.work_queue_name, "parameters": c.parameters, "tags": c.tags,

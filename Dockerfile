@@ -57,27 +57,29 @@ ARG UV_NO_CACHE=1
 # leaves this layer as it is.
 COPY --from=lock /lock/ ./
 RUN python3 -m venv /tmp/uv && /tmp/uv/bin/pip install --no-cache-dir --quiet 'uv>=0.5,<1' \
-    && mkdir storage_migrator flows tasks \
-    && touch README.md storage_migrator/__init__.py flows/__init__.py tasks/__init__.py \
+    && mkdir storage_migrator flows tasks flow_runner \
+    && touch README.md storage_migrator/__init__.py flows/__init__.py tasks/__init__.py flow_runner/__init__.py \
     && UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PYTHON_DOWNLOADS=never /tmp/uv/bin/uv sync --frozen --no-dev \
-    && rm -rf /tmp/uv /tmp/uv-*.lock README.md storage_migrator flows tasks
+    && rm -rf /tmp/uv /tmp/uv-*.lock README.md storage_migrator flows tasks flow_runner
 
 # The project: the flows, tasks and domain code prefect.yaml's entrypoints name.
 COPY prefect.yaml ./
 COPY storage_migrator ./storage_migrator
 COPY tasks ./tasks
 COPY flows ./flows
+# The flow-run process of every Job (issue 35): storage-migrator-run.
+COPY flow_runner ./flow_runner
 # Compiled (on the read-only root no run can write their bytecode, and each would compile them
 # again), then the import check with a Prefect home of its own, removed after: nothing
 # root-owned is left in /tmp.
-RUN python -m compileall -q storage_migrator tasks flows \
+RUN python -m compileall -q storage_migrator tasks flows flow_runner \
     && storage-migrator --help >/dev/null \
-    && PREFECT_HOME=/tmp/build-prefect python -c "import flows.migrate_resource, prefect_kubernetes" \
+    && PREFECT_HOME=/tmp/build-prefect python -c "import flows.migrate_resource, flow_runner.main, prefect_kubernetes" \
     && rm -rf /tmp/build-prefect
 
 # Numeric, so that runAsNonRoot can verify it.
 USER 10001:10001
 
-# The check first, as deployments/worker/ runs it: a missing auth string is one line naming
-# PREFECT_API_AUTH_STRING, not the worker's stack trace.
-CMD ["sh", "-c", "storage-migrator check-prefect && exec prefect worker start --pool storage-migrator-kubernetes --type kubernetes"]
+# Our worker (issue 35), as deployments/worker/ runs it: it checks the Prefect API first (a missing
+# auth string is one line naming PREFECT_API_AUTH_STRING), then builds every Job from the install.
+CMD ["storage-migrator", "worker", "--pool", "storage-migrator-kubernetes", "--type", "kubernetes"]

@@ -1,8 +1,8 @@
 """The demo's fleet part (`--clusters 2`, issue 20): a second cluster on the same Prefect server.
 
 8. cluster-b, a second kubesim over its own etcd, in pull mode (issue 30):
-   `storage-migrator fleet add cluster-b --pool storage-migrator-cluster-b` gives it its
-   own deployments (its detection schedule, its dispatcher) on a pool of its own, served by
+   `storage-migrator fleet add cluster-b --pool storage-migrator-cluster-b --uid UID` (its
+   kube-system uid, read from it: issue 35) gives it its own deployments (its detection schedule, its dispatcher) on a pool of its own, served by
    a worker of its own that alone holds its kubeconfig (as its in-cluster worker would hold
    its ServiceAccount): the Prefect server holds no credential of it; its first polls
    migrate it;
@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from kubernetes.client import CoreV1Api
 
 from devstack import REPO, PrefectStack
 from kubesim.admin import Admin
@@ -66,7 +68,9 @@ def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_ad
             print(f"\n8. A second cluster, {NAME}: kubesim on {cluster.server.url}, in pull mode: a worker of its own "
                   f"on pool {POOL}, which alone holds its kubeconfig")  # fmt: skip
             seed(api, objects)
-            print(storage_migrator(stack, workdir / "kubeconfig", "fleet", "add", NAME, "--pool", POOL))
+            # Its identity read from the cluster itself and pinned before any run (issue 35: no trust on first use).
+            uid = str(CoreV1Api(api).read_namespace("kube-system").metadata.uid)
+            print(storage_migrator(stack, workdir / "kubeconfig", "fleet", "add", NAME, "--pool", POOL, "--uid", uid))
             stack.start_worker(f"worker-{NAME}", pool=POOL, env={"STORAGE_MIGRATOR_CLUSTER": NAME,
                                                                  "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig)})  # fmt: skip
             started = time.monotonic()

@@ -112,13 +112,18 @@ def _running(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] != "Z"
 
 
+def _storage_migrator() -> list[str]:
+    exe = Path(sys.executable).with_name("storage-migrator")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "storage_migrator.cli"]
+
+
 def _prefect() -> list[str]:
     exe = Path(sys.executable).with_name("prefect")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "prefect"]
 
 
 class PrefectStack:
-    """`prefect server start` + work pool + `prefect deploy --all` + `prefect worker start`.
+    """`prefect server start` + work pool + `prefect deploy --all` + `storage-migrator worker`.
 
     `auth_string`: the server's basic auth string (`user:password`); by default one made for
     this stack (`new_auth_string`). `auth=False` starts a server that asks no one for anything,
@@ -266,7 +271,10 @@ class PrefectStack:
         env: dict[str, str] | None = None,
         pool: str = POOL,
     ) -> None:
-        """`prefect worker start --pool POOL --name NAME --limit LIMIT [--work-queue Q]...`; its log is `<home>/<name>.log`.
+        """`storage-migrator worker --pool POOL --name NAME --limit LIMIT [--work-queue Q]...`; its log is `<home>/<name>.log`.
+
+        Our worker (issue 35), as the operator guide starts one: each run is `storage-migrator-run`
+        (our flows only), whatever the pool's template or the job variables say.
 
         `limit` is how many flow runs it runs at once; a worker that is full
         leaves the pool's other runs to the other workers. `queues`: only these
@@ -276,11 +284,10 @@ class PrefectStack:
         if name in self._workers:
             raise ValueError(f"a worker named {name!r} is already running")
         log = self._log(name)
-        # The deployments' runs start `python -m prefect.engine` from the worker's PATH (prefect.yaml's
-        # `command`): the worker runs in this interpreter's environment, as `uv run prefect worker` does.
+        # The worker runs in this interpreter's environment, as `uv run storage-migrator worker` does.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         self._workers[name] = subprocess.Popen(
-            [*_prefect(), "worker", "start", "--pool", pool, "--name", name, "--limit", str(limit),
+            [*_storage_migrator(), "worker", "--pool", pool, "--name", name, "--limit", str(limit),
              *(arg for queue in queues for arg in ("--work-queue", queue))],
             # Poll for new runs every 2 s instead of 10: runs start sooner on a laptop.
             cwd=REPO, env={**self.env, "PATH": path, "PREFECT_WORKER_QUERY_SECONDS": "2", **self.worker_env,

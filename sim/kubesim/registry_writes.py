@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kubesim.admission_policies import admit, policies_written
 from kubesim.errors import StatusError, already_exists, bad_request, conflict, not_found
 from kubesim.etcd import prefix_end
 from kubesim.managed_fields import fix_managed_fields, managed_fields_entry, now_rfc3339
@@ -77,6 +78,7 @@ class RegistryWrites(RegistryReads):
         if "status" in rt.subresources and rt.resource != "customresourcedefinitions":
             obj.pop("status", None)
         obj = prepare_for_create(rt, obj)
+        admit(self, rt, version, namespace, obj, None, "CREATE", dry_run=dry_run)  # ValidatingAdmissionPolicies
         meta = obj["metadata"]
         meta["managedFields"] = [managed_fields_entry(obj, manager=manager, api_version=obj["apiVersion"])]
         value, _ = self._encode(rt, obj)
@@ -97,6 +99,7 @@ class RegistryWrites(RegistryReads):
     def _after_write(self, rt: ResourceType) -> None:
         if rt.resource == "customresourcedefinitions":
             self.refresh_crds(force=True)
+        policies_written(self, rt)
 
     def update(
         self,
@@ -122,6 +125,7 @@ class RegistryWrites(RegistryReads):
             proposed = mutate(copy.deepcopy(current))
             proposed = check_body(rt, version, proposed, namespace)
             new = merge_update(rt, version, current, proposed, subresource, name)
+            admit(self, rt, version, namespace, new, current, "UPDATE", subresource=subresource, dry_run=dry_run)
             fix_managed_fields(new, current, manager, subresource)
             value, plaintext = self._encode(rt, new)
             stale_key = stored.key_name != self.config.encryption.write_key(storage_group_resource(rt))

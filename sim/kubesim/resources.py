@@ -171,6 +171,14 @@ def builtin_resources() -> list[ResourceType]:
         ),
         _builtin("batch", "cronjobs", "CronJob", short_names=["cj"], categories=["all"], subresources=["status"],
                  has_generation=True),
+        # Flow-run Jobs and their Pods (issue 35: the admission policy of deployments/admission/ checks them).
+        _builtin("batch", "jobs", "Job", categories=["all"], subresources=["status"], has_generation=True),
+        _builtin("", "pods", "Pod", short_names=["po"], categories=["all"], subresources=["status"]),
+        # Evaluated on every create and update (sim/kubesim/admission_policies.py).
+        _builtin("admissionregistration.k8s.io", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                 namespaced=False, categories=["api-extensions"], subresources=["status"], has_generation=True),
+        _builtin("admissionregistration.k8s.io", "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+                 namespaced=False, categories=["api-extensions"], has_generation=True),
         _builtin(
             "events.k8s.io", "events", "Event", short_names=["ev"],
             storage_group="", storage_resource="events", storage_kind="Event",

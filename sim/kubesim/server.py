@@ -24,7 +24,7 @@ import time
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from kubesim import aggregation, encryption, health, leases, storageversions, tls_serving
+from kubesim import admission_policies, aggregation, encryption, health, leases, storageversions, tls_serving
 from kubesim.access import AccessConfig, AccessControl
 from kubesim.admin_ops import AdminOperations
 from kubesim.errors import StatusError, method_not_allowed, resource_not_found
@@ -202,6 +202,7 @@ class Handler(WriteVerbs, DiscoveryServing):
                 self.user = self.api.access.admit(
                     method, split.path, query, self.headers.get("Authorization"), self.peer_certificates()
                 )
+            admission_policies.request_context.set(admission_policies.RequestContext(user=self.user))
             self._serve(method, split.path, query, raw)
         except StatusError as err:
             self._send_error(err)

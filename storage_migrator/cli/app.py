@@ -18,7 +18,18 @@ from typing import Annotated
 
 import typer
 
-from storage_migrator.cli import check_prefect, discover, fleet, history, metrics, plan, rbac, status, verify_etcd
+from storage_migrator.cli import (
+    check_prefect,
+    discover,
+    fleet,
+    history,
+    metrics,
+    plan,
+    rbac,
+    status,
+    verify_etcd,
+    worker,
+)
 from storage_migrator.cli.options import GlobalOptions
 from storage_migrator.cli.prefect_api import PrefectApiError
 from storage_migrator.kube.connection import ConnectionConfigError
@@ -55,6 +66,7 @@ app.command("rbac")(rbac.command)
 app.command("history")(history.command)
 app.command("metrics")(metrics.command)
 app.command("check-prefect")(check_prefect.command)
+app.command("worker")(worker.command)
 app.add_typer(fleet.app, name="fleet")
 
 

@@ -1,10 +1,9 @@
 """``storage-migrator check-prefect``: whether the Prefect API answers and accepts our credentials.
 
 Issue 30: a worker started without the server's auth string ends in a stack trace whose
-last line is an HTTP 401 (`prefect worker start`, Prefect 3.9). The worker of
-deployments/worker/ runs this first and starts only when it passes, so a missing or stale
-string is one line in the pod's log that names PREFECT_API_AUTH_STRING; anyone may run it
-before `prefect worker start` on a machine of their own.
+last line is an HTTP 401 (`prefect worker start`, Prefect 3.9). `storage-migrator worker`
+(deployments/worker/'s, and the off-cluster one) runs this first and starts only when it
+passes, so a missing or stale string is one line in its log that names PREFECT_API_AUTH_STRING.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from uuid import UUID
 
 import typer
 
@@ -53,6 +54,7 @@ app = typer.Typer(
 Cluster = Annotated[str, typer.Argument(metavar="NAME", help="the cluster's name (push mode: its KubernetesClusterConfig block's)")]  # fmt: skip
 Pool = Annotated[str | None, typer.Option("--pool", help="pull mode: the work pool of the cluster's own worker (default, with no block NAME: storage-migrator-NAME)")]  # fmt: skip
 Queue = Annotated[str | None, typer.Option("--queue", help="pull mode: a queue of the pool (default: the pool's default queue)")]  # fmt: skip
+Uid = Annotated[str | None, typer.Option("--uid", metavar="UID", help="the cluster's identity, read by you from the cluster (kubectl get namespace kube-system -o jsonpath='{.metadata.uid}'): recorded now, so that its first run cannot record another cluster's")]  # fmt: skip
 
 
 def _fail(message: str) -> NoReturn:
@@ -238,12 +240,34 @@ def _pull_pool(client: SyncPrefectClient, cluster: str) -> tuple[str, str | None
     return existing.work_pool_name, existing.work_queue_name
 
 
-def add(name: Cluster, pool: Pool = None, queue: Queue = None, output: Output = OutputFormat.table) -> None:
+def _checked_uid(uid: str | None) -> str | None:
+    if uid is None:
+        return None
+    try:
+        return str(UUID(uid))
+    except ValueError as exc:
+        raise typer.BadParameter(f"{uid!r} is not a uid: read it from the cluster with kubectl get namespace "
+                                 "kube-system -o jsonpath='{.metadata.uid}'", param_hint="--uid") from exc  # fmt: skip
+
+
+def _pin_problem(cluster: str, *, recorded: str | None, given: str) -> str | None:
+    """Issue 35: a uid given at `fleet add` is the identity every run is checked against; a different one
+    recorded already is refused (nothing written), since it would silently re-point the name."""
+    if recorded is None or recorded == given:
+        return None
+    return (f"cluster {cluster!r} is recorded as kube-system uid {recorded}, and --uid says {given}: nothing was "
+            f"written. If the cluster was reinstalled on purpose, delete the record (prefect variable delete "
+            f"{identity_variable(cluster)}) and run this again; else check which cluster you read the uid from")  # fmt: skip
+
+
+def add(name: Cluster, pool: Pool = None, queue: Queue = None, uid: Uid = None,
+        output: Output = OutputFormat.table) -> None:  # fmt: skip
     """Create or update the cluster's deployments flow/NAME, one per deployment of prefect.yaml (the templates, flow/flow).
 
-    Pull mode (--pool, or no KubernetesClusterConfig block NAME: the pool its copies have, else storage-migrator-NAME): the copies' runs go to a work pool of the cluster's own (created like the templates' pool if it does not exist), which only the cluster's own worker serves, with its own credentials (the kustomize install with STORAGE_MIGRATOR_CLUSTER=NAME, its ServiceAccount): the Prefect server holds no credential of the cluster. Push mode (a block NAME exists, no --pool): the copies keep the templates' pool, whose workers reach the cluster through the block. Each copies its template (flow, entrypoint, pull steps, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tags cluster:NAME and mode:pull or mode:push; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). Needs the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 a template is missing, or the Prefect API failed; 2 a usage error.
+    Pull mode (--pool, or no KubernetesClusterConfig block NAME: the pool its copies have, else storage-migrator-NAME): the copies' runs go to a work pool of the cluster's own (created like the templates' pool if it does not exist), which only the cluster's own worker serves, with its own credentials (the kustomize install with STORAGE_MIGRATOR_CLUSTER=NAME, its ServiceAccount): the Prefect server holds no credential of the cluster. Push mode (a block NAME exists, no --pool): the copies keep the templates' pool, whose workers reach the cluster through the block. Each copies its template (flow, entrypoint, pull steps, job variables, parameter schema, schedules and whether they are paused, concurrency limit and collision strategy) with cluster=NAME among its parameters and the tags cluster:NAME and mode:pull or mode:push; the detection schedule and the one-at-a-time limits are then the cluster's own. A new copy's schedules are active or paused as the template's; run it again after deploying the templates again (an upgrade): it updates the copies and keeps what was paused on each (prefect deployment schedule pause FLOW/NAME ID, or the deployment's own pause in the UI). --uid UID records the cluster's identity (the uid of its kube-system namespace, read by you from the cluster) now, instead of its first run recording whatever cluster it reaches (issue 35); a different uid recorded already is refused. Needs the six templates on the Prefect server PREFECT_API_URL names. Exit codes: 0 done; 1 a template is missing, another uid is recorded, or the Prefect API failed; 2 a usage error.
     """
     cluster = _checked(name)
+    pinned = _checked_uid(uid)
     if queue and not pool:
         raise typer.BadParameter("--queue is a queue of the cluster's own pool: give --pool too", param_hint="--queue")
     with _prefect() as client:
@@ -260,9 +284,23 @@ def add(name: Cluster, pool: Pool = None, queue: Queue = None, output: Output = 
                 print(f"warning: {template.full_name} was deployed from a flow that takes no 'cluster' parameter: "
                       f"runs of {deployment_name(template.flow_name, cluster)} will fail until the templates are "
                       "deployed again from a release whose flows take it, and this command run again", file=sys.stderr)  # fmt: skip
+        recorded = _identity_uid(client, cluster) if pinned else None
+        if pinned and (problem := _pin_problem(cluster, recorded=recorded, given=pinned)):
+            _fail(problem)
         pool_action = _ensure_pool(client, pool, templates[0].work_pool_name) if pool else None
         written = [_upsert(client, for_cluster(t, cluster, pool=pool, queue=queue)) for t in templates]
+        if pinned and recorded is None:
+            from prefect.client.schemas.actions import VariableCreate
+
+            client.create_variable(VariableCreate(name=identity_variable(cluster), value={"uid": pinned}))
     _report_mode(cluster, pool, pool_action, has_block)
+    if pinned:
+        print(f"identity: cluster {cluster!r} is kube-system uid {pinned} ({'already recorded' if recorded else 'recorded'}"
+              f"): every run for it checks its cluster is that one before any write", file=sys.stderr)  # fmt: skip
+    else:
+        print(f"note: the identity of cluster {cluster!r} is recorded by its first run, whatever cluster that run "
+              f"reaches (trust on first use): give --uid to record it now (docs/operator-guide.md, 'A cluster's "
+              f"identity')", file=sys.stderr)  # fmt: skip
     rows: list[dict[str, Any]] = [
         {"deployment": c.full_name, "action": action, "mode": mode_of(c.tags), "work_pool": c.work_pool_name,
          "work_queue": c.work_queue_name, "parameters": c.parameters, "tags": c.tags,
@@ -287,8 +325,8 @@ def _report_mode(cluster: str, pool: str | None, pool_action: str | None, has_bl
     print(f"pull mode: work pool {pool!r} {pool_action}; start the cluster's own worker on it, in the cluster: "
           f"the kustomize install with STORAGE_MIGRATOR_CLUSTER={cluster} and PREFECT_WORK_POOL={pool} "
           f"(docs/operator-guide.md, 'Pull mode and push mode'), or off-cluster with only that cluster's "
-          f"kubeconfig: STORAGE_MIGRATOR_CLUSTER={cluster} STORAGE_MIGRATOR_KUBECONFIG=PATH uv run prefect worker "
-          f"start --pool {pool}", file=sys.stderr)  # fmt: skip
+          f"kubeconfig: STORAGE_MIGRATOR_CLUSTER={cluster} STORAGE_MIGRATOR_KUBECONFIG=PATH uv run storage-migrator "
+          f"worker --pool {pool}", file=sys.stderr)  # fmt: skip
     if has_block:
         print(f"warning: a KubernetesClusterConfig block named {cluster!r} is on the Prefect server, and pull mode "
               f"does not use it: delete it (prefect block delete {BLOCK_TYPE}/{cluster}) so that the server holds "

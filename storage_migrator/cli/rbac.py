@@ -14,6 +14,7 @@ import typer
 from storage_migrator.cli.options import kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.kube.discovery import discover
+from storage_migrator.operations.flow_run_jobs import ADMISSION_POLICY, REFUSALS, WORKER_ACCOUNT, admission_policy
 from storage_migrator.operations.rbac import DEFAULT_NAME, UnknownResource, build_role
 
 __all__ = ["command"]
@@ -36,7 +37,13 @@ def _table(items: list[dict[str, Any]]) -> str:
              ",".join(g or '""' for g in r.get("apiGroups", [])) or "-",
              ",".join(r.get("resources", [])) or "-", ",".join(r.get("nonResourceURLs", [])) or "-",
              ",".join(r["verbs"])] for item in items if item["kind"] in ("ClusterRole", "Role") for r in item["rules"]]  # fmt: skip
-    return render_table(["GRANTED BY", "API GROUPS", "RESOURCES", "NON-RESOURCE URLS", "VERBS"], rows)
+    table = render_table(["GRANTED BY", "API GROUPS", "RESOURCES", "NON-RESOURCE URLS", "VERBS"], rows)
+    policies = [item for item in items if item["kind"] == "ValidatingAdmissionPolicy"]
+    if not policies:
+        return table
+    refusals = [[ADMISSION_POLICY, str(i + 1), refusal] for i, refusal in enumerate(REFUSALS)]
+    return table + "\n\n" + render_table(
+        [f"POLICY (Jobs and Pods of {WORKER_ACCOUNT})", "#", "REFUSES UNLESS"], refusals)  # fmt: skip
 
 
 def command(
@@ -56,14 +63,33 @@ def command(
     service_account: Annotated[
         str, typer.Option(metavar="NAMESPACE:NAME", help="the workers' ServiceAccount the role is bound to")
     ] = "storage-migrator:storage-migrator",
+    with_policy: Annotated[
+        bool,
+        typer.Option(
+            "--admission-policy",
+            help="also the ValidatingAdmissionPolicy and binding that refuse any "
+            "flow-run Job but the install's (deployments/admission/; needs --image)",
+        ),
+    ] = False,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            metavar="IMAGE",
+            help="with --admission-policy: the install's image, the one "
+            "the Jobs may run (by digest: REGISTRY/storage-migrator@sha256:...)",
+        ),
+    ] = None,
     output: Output = OutputFormat.yaml,
 ) -> None:
     """Print a ClusterRole (and its binding) for exactly the resources to migrate, for kubectl apply -f -.
 
-    Also a Role (and binding) in kube-system: list the API servers' identity Leases, which a key rotation needs to know every server (issue 19).
+    Also a Role (and binding) in kube-system: list the API servers' identity Leases, which a key rotation needs to know every server (issue 19). With --admission-policy --image IMAGE, also the ValidatingAdmissionPolicy and binding of deployments/admission/ (issue 35): they refuse any Job or Pod of the worker's ServiceAccount but the install's (one container; IMAGE; the command storage-migrator-run; no hook or probe; the ServiceAccount storage-migrator; only the runner's environment, the credentials by reference; no volume beyond /tmp); the table lists each refusal.
 
     list and patch on each resource (update only where it serves no patch, never with --no-put), plus the fixed rules of deployments/rbac/storage-migrator.yaml for the migrator's own API, CRDs, APIServices, StorageVersions, EndpointSlices, discovery and /metrics. Reads discovery; writes nothing. Exit codes: 0 done; 1 a resource cannot be granted (named on stderr) or the cluster could not be read; 2 a usage error.
     """
+    if with_policy and not image:
+        raise typer.BadParameter("the policy pins the flow-run Jobs' image: give --image (the one the kustomize "
+                                 "install's images: names)", param_hint="--image")  # fmt: skip
     settings = settings_of(ctx)
     account = _service_account(service_account)
     with kube_api(settings) as api:
@@ -82,4 +108,7 @@ def command(
     if resources:
         print(f"note: the workers must migrate only these: set STORAGE_MIGRATOR_INCLUDE_RESOURCES="
               f"{','.join(built.resources)} (docs/cli.md)", file=sys.stderr)  # fmt: skip
-    emit(output, built.manifest, lambda: _table(built.manifest["items"]))
+    manifest = dict(built.manifest)
+    if with_policy and image:
+        manifest["items"] = [*manifest["items"], *admission_policy(image)]
+    emit(output, manifest, lambda: _table(manifest["items"]))

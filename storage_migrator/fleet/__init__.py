@@ -9,5 +9,6 @@ another cluster fails the run before any write.
     deployments.py  a cluster's deployments: copies of the project's, with the cluster as parameter and tag
     identity.py     reading a cluster's identity, and judging it against the one recorded
     names.py        what is scoped by cluster: the write budget, run tags, artifact keys, deployments, the identity's record
+    run_admission.py  whether a flow-run process may run what the Prefect API asks (issue 35): our flows only
     verdicts.py     one operation across clusters: a verdict per cluster, and their conjunction
 """

@@ -7,4 +7,5 @@ the cluster, and the RBAC a migrator needs for exactly the resources it migrates
     overview.py  one line per resource: what is stored, how its migration does
     metrics.py   the metrics collector
     rbac.py      the ClusterRole (and kube-system Role) a migrator needs
+    flow_run_jobs.py  what a flow-run Job of the install is, and the admission policy refusing any other (issue 35)
 """

@@ -247,13 +247,20 @@ class PodRun:
             if "value" in entry:
                 env[entry["name"]] = entry["value"]
                 continue
-            ref = entry.get("valueFrom", {}).get("secretKeyRef")
-            assert ref, f"the node stand-in does not know {entry}"
-            value = self.secrets.get((ref["name"], ref["key"]))
+            source = entry.get("valueFrom", {})
+            if "configMapKeyRef" in source:
+                ref = source["configMapKeyRef"]
+                value = self.config_maps.get(ref["name"], {}).get(ref["key"])
+                what = f"ConfigMap {ref['name']} key {ref['key']}"
+            else:
+                ref = source.get("secretKeyRef")
+                assert ref, f"the node stand-in does not know {entry}"
+                value = self.secrets.get((ref["name"], ref["key"]))
+                what = f"Secret {ref['name']}/{ref['key']}"
             if value is not None:
                 env[entry["name"]] = value
             else:
-                assert ref.get("optional"), f"Secret {ref['name']}/{ref['key']} is not given and not optional"
+                assert ref.get("optional"), f"{what} is not given and not optional"
         env.update(self.env)
         return env
 

@@ -10,7 +10,8 @@ before writing, and A's etcd is unchanged."
 On the e2e tier's stack (PostgreSQL: issue 30 item 4, "a fleet on PostgreSQL"): its templates
 and its worker (the `default` queue, the fleet rotation's parent, holding no credential of
 either cluster); each cluster gets its deployments with `storage-migrator fleet add NAME
---pool POOL`, as an operator does, and a worker of its own on that pool. Both clusters
+--pool POOL`, as an operator does, and a worker of its own on that pool: `storage-migrator
+worker`, whose runs are `storage-migrator-run` (issue 35), as every worker of the stack's. Both clusters
 authenticate with a token of their own (kubesim's token file), the secret a stolen Prefect
 database must not hold.
 """
@@ -191,6 +192,8 @@ def test_each_cluster_is_served_by_its_own_worker_and_the_server_holds_no_creden
     state = wait_for(lambda: final_state(stack, stray), what="the run for B on A's worker to end")
     assert state.is_failed(), state
     assert f"for cluster {b.name!r}" in str(state.message) and f"serves cluster {a.name!r}" in str(state.message)
+    # Issue 35: refused by the runner A's worker starts (storage-migrator worker), before any flow code loads.
+    assert str(state.message).startswith("refused by storage-migrator-run (issue 35): "), state.message
     after = {k: v for k, v in a.etcd(b"/registry/").items() if not k.startswith(b"/registry/leases/")}
     assert after == before, "the run for B wrote to A"
 

@@ -111,6 +111,7 @@ print(json.dumps({
                                                                      "playwright", "mypy", "importlinter", "tests", "bench")},
     "top": sorted(os.listdir("/opt/prefect")),
     "sim": sorted(os.listdir("/opt/prefect/sim")),
+    "runner_directory": str(__import__("flow_runner.shipped", fromlist=["INSTALL_DIRECTORY"]).INSTALL_DIRECTORY),
     "tools": {t: any(os.path.exists(os.path.join(p, t)) for p in os.environ["PATH"].split(":"))
               for t in ("uv", "pip", "kubectl", "etcd", "ruff")},
 }))
@@ -145,6 +146,11 @@ def test_the_image_is_what_the_job_runs_and_holds_no_dev_stack(image: str) -> No
     assert not {"tests", "bench", "docs", "deployments", "scripts"} & set(seen["top"]), seen["top"]
     assert seen["sim"] == ["pyproject.toml"]  # what uv reads to trust the lock: no kubesim, no devstack
     assert seen["tools"] == {"uv": False, "pip": False, "kubectl": False, "etcd": False, "ruff": False}
+    # Issue 35: the Jobs' command, our runner, is there; it accepts one pull step, into the install's
+    # directory, which is the image's WORKDIR (what `prefect deploy --job-variable image=...` records).
+    assert seen["runner_directory"] == "/opt/prefect"
+    runner = in_image(image, "storage-migrator-run", options=AS_THE_JOB)
+    assert runner.returncode == 2 and "PREFECT__FLOW_RUN_ID" in runner.stderr, runner.stdout + runner.stderr
 
 
 # ---- the worker's container and the Job's ----
@@ -191,14 +197,14 @@ class Container:
 @pytest.fixture
 def pool_and_deployment(stack: PrefectStack, image: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
     """The pool from deployments/work-pool/kubernetes.json, and migrate-resource deployed to it as
-    docs/operator-guide.md deploys it (`--job-variable image=...`, settings as `env`), under a name of
-    this test's (the stack's own migrate-resource stays on its process pool for the other tests)."""
+    prefect.yaml deploys it (`--job-variable image=...`: our worker applies no job variable, but with
+    an image `prefect deploy` records the image's WORKDIR as the one pull step), under a name of this
+    test's (the stack's own migrate-resource stays on its process pool for the other tests)."""
     pool = _worker_config()["PREFECT_WORK_POOL"]
     name = f"in-image-{uuid.uuid4().hex[:6]}"
     stack.run("work-pool", "create", pool, "--type", "kubernetes", "--base-job-template", str(TEMPLATE), "--overwrite")
     stack.run("--no-prompt", "deploy", "flows/migrate_resource.py:migrate_resource", "--name", name,
-              "--pool", pool, "--job-variable", f"image={image}",
-              "--job-variable", json.dumps({"env": {"STORAGE_MIGRATOR_KUBECONFIG": KUBECONFIG_IN_POD}}))  # fmt: skip
+              "--pool", pool, "--job-variable", f"image={image}")  # fmt: skip
     try:
         yield pool, f"migrate-resource/{name}"
     finally:
@@ -241,7 +247,8 @@ def test_the_worker_submits_a_job_whose_container_migrates_from_the_image(
             config_maps={
                 # config.yaml as the operator edits it: the Prefect server's address.
                 "prefect-worker": {**_worker_config(), "PREFECT_API_URL": stack.api_url},
-                "storage-migrator-work-pool": {"kubernetes.json": TEMPLATE.read_text()},
+                # kustomization.yaml's replacement writes the install's image here (issue 35).
+                "storage-migrator-work-pool": {"kubernetes.json": TEMPLATE.read_text(), "image": image},
             },
             service_account=(jobs_api.service_account(tmp_path / "worker-sa", "storage-migrator"), "127.0.0.1",
                              jobs_api.port),
@@ -273,9 +280,11 @@ def test_the_worker_submits_a_job_whose_container_migrates_from_the_image(
     assert env["PREFECT_API_AUTH_STRING"] == {"name": "PREFECT_API_AUTH_STRING", "valueFrom": {"secretKeyRef": {
         "name": refs["PREFECT_API_AUTH_STRING"][0], "key": refs["PREFECT_API_AUTH_STRING"][1]}}}  # fmt: skip
     assert stack.auth_string not in json.dumps(job)
-    # Its command, whatever the pool's template says it is (part 35 changes it): the test runs the
-    # Job's own, below.
-    assert job_container["args"] == _templated_command(json.loads(TEMPLATE.read_text()), deployment.job_variables)
+    # Its command, the install's template's (issue 35: our runner, whatever a job variable says): the
+    # test runs the Job's own, below.
+    template_container = _template_container(json.loads(TEMPLATE.read_text()))
+    assert (job_container["command"], job_container.get("args", [])) == (
+        template_container["command"], template_container.get("args", []))  # fmt: skip
 
     # The Job's pod, as a kubelet starts it.
     kubeconfig = tmp_path / "kubeconfig"
@@ -284,8 +293,11 @@ def test_the_worker_submits_a_job_whose_container_migrates_from_the_image(
     kubeconfig.chmod(0o400)
     workdir = tmp_path / "job"
     workdir.mkdir()
+    # The cluster's own settings, from the install's ConfigMap (issue 35: never from the API): here the
+    # kubeconfig mounted where a pod would find in-cluster credentials.
+    cluster = {"storage-migrator-cluster": {"STORAGE_MIGRATOR_KUBECONFIG": KUBECONFIG_IN_POD}}
     options, job_image, args = PodRun(pod, workdir, secrets={refs["PREFECT_API_AUTH_STRING"]: stack.auth_string},
-                                      mounts={KUBECONFIG_IN_POD: kubeconfig}).options()  # fmt: skip
+                                      config_maps=cluster, mounts={KUBECONFIG_IN_POD: kubeconfig}).options()  # fmt: skip
     for flag in ("--read-only", "--cap-drop=all", "no-new-privileges"):
         assert flag in options
     user = options.index("--user")
@@ -306,19 +318,11 @@ def test_the_worker_submits_a_job_whose_container_migrates_from_the_image(
     assert state is not None and state.is_completed(), state
 
 
-def _templated_command(template: dict[str, Any], job_variables: dict[str, Any]) -> list[str]:
-    """The container's args the pool's template gives a run: its `{{ command }}` variable (the
-    deployment's job variable, else the template's default), split as prefect-kubernetes splits it
-    (`command_from_string`); or the args the template fixes itself."""
-    from prefect.utilities.processutils import command_from_string
-
+def _template_container(template: dict[str, Any]) -> dict[str, Any]:
+    """The flow-run container the install's template fixes (deployments/work-pool/kubernetes.json)."""
     (container,) = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"]
-    args = container.get("args")
-    if args == "{{ command }}":
-        command = job_variables.get("command") or template["variables"]["properties"]["command"]["default"]
-        return command_from_string(command)
-    assert isinstance(args, list), args
-    return args
+    assert isinstance(container["command"], list), container
+    return dict(container)
 
 
 def _health(port: int) -> int:

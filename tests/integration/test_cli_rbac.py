@@ -92,3 +92,28 @@ def test_json_and_table_carry_the_same_role(kubesim: Any, capsys: pytest.Capture
     # Issue 19: the API servers' identity Leases, in kube-system only.
     assert lines[-1].split() == ["Role", "in", "kube-system", "coordination.k8s.io", "leases", "-", "list"]
     assert any("/metrics" in line for line in lines)
+
+
+def test_the_admission_policy_is_shown_and_applies(kubesim: Any, kubectl: Kubectl,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """Issue 35: "`storage-migrator rbac` and the operator guide show the policy and say what it refuses"."""
+    from storage_migrator.operations.flow_run_jobs import ADMISSION_POLICY, REFUSALS, admission_policy
+
+    image = "registry.example.com/storage-migrator@sha256:" + "b" * 64
+    base = ["--kubeconfig", kubesim.kubeconfig, "rbac", "--resources", "secrets"]
+    assert main([*base, "--admission-policy"]) == 2  # the policy pins an image: usage error without one
+    assert "--image" in capsys.readouterr().err
+    assert main([*base, "--admission-policy", "--image", image]) == 0
+    made = capsys.readouterr().out
+    items = yaml.safe_load(made)["items"]
+    assert items[-2:] == admission_policy(image)
+    assert main([*base, "--admission-policy", "--image", image, "-o", "table"]) == 0
+    table = capsys.readouterr().out
+    for refusal in REFUSALS:
+        assert refusal in table, refusal
+    policies = [yaml.safe_dump(i) for i in items[-2:]]
+    dry = _kubectl(kubectl, "apply", "--dry-run=server", "-f", "-", stdin="---\n".join(policies))
+    assert dry.returncode == 0, dry.stderr
+    assert f"validatingadmissionpolicy.admissionregistration.k8s.io/{ADMISSION_POLICY} created (server dry run)" in (
+        dry.stdout
+    )

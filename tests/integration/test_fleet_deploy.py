@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Kubesim
@@ -286,6 +287,65 @@ def test_a_cluster_without_a_block_is_added_in_pull_mode_on_a_pool_of_its_own(
     # `default` is the environment's cluster: its deployments are the templates, never overwritten.
     refused = fleet_here("add", "default")
     assert refused.returncode == 2 and "templates themselves" in refused.stderr
+
+
+def test_the_uid_given_at_fleet_add_is_what_every_run_is_checked_against(
+    templates: Path, fleet_here: Fleet, kubesim_session: Kubesim
+) -> None:
+    """Issue 35, item 3: "Say what trust on first use leaves open, and what `fleet add` offers to close
+    it (for example the uid given at `fleet add`, read by the operator from the cluster)". Without it,
+    a cluster's first run records whatever cluster its credentials reach; with it, that run is judged."""
+    from prefect.logging import disable_run_logger
+
+    from storage_migrator.fleet.identity import IdentityChanged
+    from storage_migrator.settings import Settings
+    from tasks.cluster_identity import check_cluster_identity
+
+    name = f"fleet-{uuid.uuid4().hex[:8]}"
+    with client_api(kubesim_session) as api:
+        real = str(api.read_namespace("kube-system").metadata.uid)
+    other = str(uuid.uuid4())  # the uid of a cluster the name is not
+    # The worker's credentials reach the session's cluster (pull mode: STORAGE_MIGRATOR_CLUSTER=NAME).
+    settings = Settings(cluster=name, kubeconfig=kubesim_session.kubeconfig)
+    try:
+        assert fleet_here("add", name, "--uid", "not-a-uid").returncode == 2
+        unpinned = fleet_here("add", name)
+        assert unpinned.returncode == 0 and "trust on first use" in unpinned.stderr and "--uid" in unpinned.stderr
+        with get_client(sync_client=True) as client:
+            assert client.read_variable_by_name(identity_variable(name)) is None, "nothing recorded before a run"
+        done = fleet_here("add", name, "--uid", other)
+        assert done.returncode == 0, done.stderr
+        assert f"kube-system uid {other} (recorded)" in done.stderr
+        assert Variable.get(identity_variable(name)) == {"uid": other}
+        # The name's first run reaches another cluster than the one pinned: it fails before any write.
+        with disable_run_logger(), pytest.raises(IdentityChanged) as changed:
+            check_cluster_identity.fn(settings)
+        assert other in str(changed.value) and real in str(changed.value)
+        # Another uid for a name already recorded is refused, and nothing is written.
+        refused = fleet_here("add", name, "--uid", real)
+        assert refused.returncode == 1
+        assert f"recorded as kube-system uid {other}, and --uid says {real}: nothing was written" in refused.stderr
+        assert f"prefect variable delete {identity_variable(name)}" in refused.stderr
+        assert Variable.get(identity_variable(name)) == {"uid": other}
+        # The operator re-pins it (the cluster was reinstalled): the runs reach the one recorded.
+        with get_client(sync_client=True) as client:
+            client.delete_variable_by_name(identity_variable(name))
+        assert fleet_here("add", name, "--uid", real).returncode == 0
+        with disable_run_logger():
+            assert check_cluster_identity.fn(settings).uid == real
+        again = fleet_here("add", name, "--uid", real)
+        assert again.returncode == 0 and "(already recorded)" in again.stderr
+    finally:
+        _forget_cluster(name)
+
+
+@contextlib.contextmanager
+def client_api(kubesim: Kubesim) -> Iterator[Any]:
+    from kubernetes import client as k8s
+    from kubernetes import config as k8s_config
+
+    with k8s_config.new_client_from_config(config_file=kubesim.kubeconfig) as api:
+        yield k8s.CoreV1Api(api)
 
 
 def test_missing_templates_are_named_with_the_deploy_command(

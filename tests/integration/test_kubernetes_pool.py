@@ -8,7 +8,8 @@ deployments/work-pool/kubernetes.json, one `prefect deploy --name ... --pool ...
 --job-variable image=...`, and the Job that prefect-kubernetes' worker would
 create for a run of it. Issue 30: the worker as deployments/worker/ starts it (its check of
 the Prefect API first), with and without the server's auth string, and the Job reading the
-string from the Secret, never carrying it.
+string from the Secret, never carrying it. Issue 35: that worker is ours, and its Jobs are
+the install's (tests/integration/test_flow_run_jobs_admitted.py shows the cluster admits them).
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.settings import PREFECT_API_AUTH_STRING
 from prefect_kubernetes.worker import KubernetesWorker, KubernetesWorkerJobConfiguration
 
+from storage_migrator.cli.workers import InstallKubernetesWorker, install_template
+from storage_migrator.operations.flow_run_jobs import RUN_ENVIRONMENT
+
 pytestmark = [pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
 POOL = "storage-migrator-kubernetes"
 IMAGE = "registry.example.com/storage-migrator:0.1.0"
 WORKER = ROOT / "deployments" / "worker"
+TEMPLATE = ROOT / "deployments" / "work-pool" / "kubernetes.json"
 
 
 def prefect_cli(api_url: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -70,6 +75,8 @@ def deployed_worker(api_url: str, home: Path, pool: str, *extra: str, auth: bool
     env = {k: v for k, v in os.environ.items() if auth or k != "PREFECT_API_AUTH_STRING"}
     env.update(PREFECT_API_URL=api_url, PREFECT_HOME=str(home), DO_NOT_TRACK="1",
                PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]))  # fmt: skip
+    # The Jobs' image, which the kubelet reads from the ConfigMap (kustomize's replacement writes it there).
+    env["STORAGE_MIGRATOR_JOB_IMAGE"] = IMAGE
     return subprocess.run([*argv, *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
 
 
@@ -115,7 +122,10 @@ def test_a_deployment_to_the_kubernetes_pool_runs_as_the_migrators_service_accou
         (container,) = pod["containers"]
         assert job["metadata"]["namespace"] == "storage-migrator"
         assert pod["serviceAccountName"] == "storage-migrator"  # bound to the migrator's ClusterRole
-        assert container["image"] == IMAGE
+        # Issue 35: the image is the install's (its ConfigMap's, set by kustomize), never a job variable's:
+        # even Prefect's own templating of this template leaves the placeholder the install replaces.
+        assert deployment.job_variables == {"image": IMAGE} and container["image"] == "storage-migrator"
+        assert container["command"] == ["storage-migrator-run"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert job["spec"]["ttlSecondsAfterFinished"] == 86400
@@ -142,7 +152,10 @@ def test_the_worker_creates_a_missing_pool_with_our_job_template(prefect_api: st
 
     found = asyncio.run(created())
     assert found.type == "kubernetes"
-    assert found.base_job_template == json.loads(template.read_text())
+    # The install's template, with the install's image: what the worker builds every Job from.
+    shipped = json.loads(template.read_text())
+    shipped["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]["image"] = IMAGE
+    assert found.base_job_template == shipped
 
 
 def test_the_deployed_worker_without_the_string_says_which_setting_and_never_starts(
@@ -212,12 +225,14 @@ def test_a_flow_run_job_reads_the_auth_string_from_the_secret_never_carries_it(
             monkeypatch.setenv(name, value)
     [worker_ref] = [e["valueFrom"]["secretKeyRef"] for e in worker_container()["env"]
                     if e["name"] == "PREFECT_API_AUTH_STRING"]  # fmt: skip
-    template = json.loads((ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text())
     auth_string = PREFECT_API_AUTH_STRING.value()  # the session's: the worker's, as read from the Secret
     assert auth_string
 
     async def create() -> None:
-        config = await KubernetesWorkerJobConfiguration.from_template_and_values(template, {"image": IMAGE})
+        # As `storage-migrator worker --type kubernetes` builds a Job (cli/workers.py), whose image is the install's.
+        worker = InstallKubernetesWorker(work_pool_name=POOL, template=install_template(TEMPLATE, IMAGE))
+        config = await worker.job_configuration.from_template_and_values(worker.job_configuration.install_template(),
+                                                                         {})  # fmt: skip
         config.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name="auth-check"))
         async with ApiClient(Configuration(host=url)) as client:
             await KubernetesWorker(work_pool_name=POOL)._create_job(config, client)
@@ -230,6 +245,8 @@ def test_a_flow_run_job_reads_the_auth_string_from_the_secret_never_carries_it(
         "name": worker_ref["name"], "key": worker_ref["key"]}}}  # fmt: skip
     assert auth_string not in json.dumps(job), [e for e in container["env"] if auth_string in json.dumps(e)]
     assert container["image"] == IMAGE and "PREFECT_API_URL" in {e["name"] for e in container["env"]}
+    # Issue 35: of the worker's settings, only what the runner needs (the admission policy refuses any other).
+    assert {e["name"] for e in container["env"]} <= set(RUN_ENVIRONMENT), container["env"]
     # Issue 30, pull mode: the Job says which cluster it is for from a ConfigMap in its own cluster
     # (deployments/worker/cluster.yaml), never from the Prefect server.
     assert container["envFrom"] == [{"configMapRef": {"name": "storage-migrator-cluster", "optional": True}}]

@@ -47,6 +47,9 @@ def cleanup(kubectl: Kubectl) -> Iterator[None]:
     yield
     for kind in ("clusterrolebindings.rbac.authorization.k8s.io", "clusterroles.rbac.authorization.k8s.io"):
         kubectl("delete", kind, "storage-migrator", "--ignore-not-found", check=False)
+    for kind in ("validatingadmissionpolicybindings.admissionregistration.k8s.io",
+                 "validatingadmissionpolicies.admissionregistration.k8s.io"):  # fmt: skip
+        kubectl("delete", kind, "storage-migrator-flow-run-jobs", "--ignore-not-found", check=False)
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", check=False)
 
 
@@ -78,9 +81,14 @@ def test_kustomize_renders_the_install_and_crds_plus_rbac_are_the_process_pool_c
         ("ConfigMap", "storage-migrator-cluster"),
         ("Deployment", "prefect-worker"),
     }
+    # Issue 35: the cluster refuses any other Job from the worker's ServiceAccount.
+    admission = {
+        ("ValidatingAdmissionPolicy", "storage-migrator-flow-run-jobs"),
+        ("ValidatingAdmissionPolicyBinding", "storage-migrator-flow-run-jobs"),
+    }
     # The pool's job template, for the worker to create the pool with (name + kustomize's content hash).
     [template] = [name for kind, name in full if name.startswith("storage-migrator-work-pool-")]
-    assert full == rbac_only | worker | {("ConfigMap", template)}
+    assert full == rbac_only | worker | admission | {("ConfigMap", template)}
     # Issue 14: "An overlay (or documented patch) for the process-pool case (RBAC only)":
     # `kubectl apply -f deployments/crds/ -f deployments/rbac/` (docs/operator-guide.md).
     files = [*sorted((DEPLOYMENTS / "crds").glob("*.yaml")), *sorted((DEPLOYMENTS / "rbac").glob("*.yaml"))]
@@ -121,6 +129,8 @@ def test_server_dry_run_stores_nothing_then_apply_installs(kubesim: Kubesim, kub
         b"/registry/configmaps/storage-migrator/prefect-worker",
         b"/registry/serviceaccounts/storage-migrator/storage-migrator",
         b"/registry/clusterrolebindings/storage-migrator",
+        b"/registry/validatingadmissionpolicies/storage-migrator-flow-run-jobs",
+        b"/registry/validatingadmissionpolicybindings/storage-migrator-flow-run-jobs",
     ):
         assert key in after, key
     crd = kubectl("get", "customresourcedefinitions.apiextensions.k8s.io",

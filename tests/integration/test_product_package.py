@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = {"storage_migrator", "flows", "tasks"}
+PRODUCT = {"storage_migrator", "flows", "tasks", "flow_runner"}
 SIM = {"kubesim", "devstack"}
 
 

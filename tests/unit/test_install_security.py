@@ -17,6 +17,8 @@ import pytest
 import yaml
 from conftest import machine_kubectl, pinned_kubectl
 
+from storage_migrator.operations.flow_run_jobs import FLOW_RUNS_ACCOUNT, RUNNER
+
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "storage-migrator"
 
@@ -41,10 +43,9 @@ def test_the_worker_runs_as_non_root_with_its_own_namespaced_role(install: dict[
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    # Issue 30: the check of the Prefect API first (one line naming the missing setting), then the worker.
-    assert container["command"] == [
-        "sh", "-c", 'storage-migrator check-prefect && exec prefect worker start "$@"', "prefect-worker",
-    ]  # fmt: skip
+    # Issue 35: our worker (which checks the Prefect API first, issue 30), building every Job from the
+    # install's template and image, whatever the pool's template in Prefect or the job variables say.
+    assert container["command"] == ["storage-migrator", "worker"]
     assert container["args"] == [
         "--pool", "$(PREFECT_WORK_POOL)", "--type", "kubernetes", "--with-healthcheck",
         "--base-job-template", "/etc/storage-migrator/work-pool/kubernetes.json",
@@ -63,9 +64,21 @@ def test_the_worker_runs_as_non_root_with_its_own_namespaced_role(install: dict[
     # default one, whichever comes first: the worker or `prefect work-pool create`.
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/etc/storage-migrator/work-pool"]
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    template = install[("ConfigMap", volume["configMap"]["name"])]["data"]["kubernetes.json"]
-    assert json.loads(template) == json.loads((ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text())
+    pool = install[("ConfigMap", volume["configMap"]["name"])]["data"]
+    assert json.loads(pool["kubernetes.json"]) == json.loads(
+        (ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text()
+    )
     assert container["image"].startswith("storage-migrator:")
+    # The Jobs' image is the worker's own: kustomize's replacement writes it into the same ConfigMap,
+    # which the worker reads (STORAGE_MIGRATOR_JOB_IMAGE), and into the admission policy.
+    assert pool["image"] == container["image"]
+    [image_ref] = [
+        e["valueFrom"]["configMapKeyRef"] for e in container["env"] if e["name"] == "STORAGE_MIGRATOR_JOB_IMAGE"
+    ]
+    assert image_ref == {"name": volume["configMap"]["name"], "key": "image"}
+    policy = install[("ValidatingAdmissionPolicy", "storage-migrator-flow-run-jobs")]
+    [variable] = [v for v in policy["spec"]["variables"] if v["name"] == "image"]
+    assert variable["expression"] == f"'{container['image']}'"
     assert not pod.get("volumes") or all("secret" not in v and "hostPath" not in v for v in pod["volumes"])
 
     account = pod["serviceAccountName"]
@@ -84,16 +97,16 @@ def test_the_flow_run_jobs_run_as_non_root_with_the_migrators_service_account(
     install: dict[tuple[str, str], Any],
 ) -> None:
     template = json.loads((ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text())
-    variables = template["variables"]["properties"]
-    assert variables["namespace"]["default"] == NAMESPACE
-    account = variables["service_account_name"]["default"]
+    assert template["job_configuration"]["namespace"] == NAMESPACE
+    assert template["job_configuration"]["job_manifest"]["metadata"]["namespace"] == NAMESPACE
+    account = FLOW_RUNS_ACCOUNT
     binding = install[("ClusterRoleBinding", "storage-migrator")]
     assert binding["roleRef"]["name"] == "storage-migrator" and binding["roleRef"]["kind"] == "ClusterRole"
     assert bound_subjects(binding) == {(NAMESPACE, account)}
     assert ("ServiceAccount", account) in install
 
     pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
-    assert pod["serviceAccountName"] == "{{ service_account_name }}"
+    assert pod["serviceAccountName"] == account
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     (container,) = pod["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -120,3 +133,24 @@ def test_the_worker_and_the_flow_run_jobs_have_cpu_and_memory_requests_and_limit
         "requests": {"cpu": "250m", "memory": "256Mi"},
         "limits": {"cpu": "1", "memory": "1Gi"},
     }
+
+
+def test_the_job_template_takes_no_image_command_env_volume_account_or_namespace_from_the_api() -> None:
+    """Issue 35: "The pool's base job template for our pools exposes no variable for image, command,
+    args, env, env sources, volumes, service account or namespace. Those come from the install."
+    Nor the cluster's credentials (`cluster_config`: a kubeconfig may run a command), labels or annotations."""
+    template = json.loads((ROOT / "deployments" / "work-pool" / "kubernetes.json").read_text())
+    variables = set(template["variables"]["properties"])
+    assert not variables & {"image", "command", "env", "namespace", "service_account_name", "cluster_config",
+                            "labels", "annotations", "volumes"}, variables  # fmt: skip
+    configuration = template["job_configuration"]
+    assert not {"command", "env", "labels", "annotations", "cluster_config"} & set(configuration), configuration
+    pod = configuration["job_manifest"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    fixed = {**{k: pod.get(k) for k in ("volumes", "serviceAccountName")},
+             **{k: container.get(k) for k in ("image", "command", "args", "env", "envFrom", "volumeMounts")},
+             "namespace": configuration["namespace"]}  # fmt: skip
+    assert "{{" not in json.dumps(fixed), fixed
+    assert container["command"] == [RUNNER] and container["args"] == []
+    assert container["envFrom"] == [{"configMapRef": {"name": "storage-migrator-cluster", "optional": True}}]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}]

@@ -28,7 +28,7 @@ from storage_migrator.kube.transport import (
     request,
 )
 
-__all__ = ["ListPage", "iterate_items", "list_page"]
+__all__ = ["ListPage", "current_resource_version", "iterate_items", "list_page"]
 
 _METADATA_KEYS = ("apiVersion", "kind", "metadata")
 
@@ -138,3 +138,11 @@ def iterate_items(
         token = page.continue_token
         if not token:
             return
+
+
+def current_resource_version(
+    api_client: ApiClient, ref: ResourceRef, *, timeout: float = DEFAULT_TIMEOUT_SECONDS
+) -> str:
+    """The resource's list resourceVersion now: a metadata-only LIST with limit 1, as
+    kube-controller-manager's migration controller records it (issue 36). Raises as ``list_page``."""
+    return list_page(api_client, ref, limit=1, metadata_only=True, timeout=timeout).resource_version

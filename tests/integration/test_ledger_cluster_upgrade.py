@@ -67,7 +67,7 @@ def test_a_single_cluster_ledger_upgrades_and_every_row_is_the_default_cluster(r
     engine = ledger_engine(r0002_ledger)  # what any reader or writer does first: upgrade to head
 
     with engine.connect() as conn:
-        assert schema_revision(conn) == head_revision() == "r0003"
+        assert schema_revision(conn) == head_revision() == "r0005"
         schema = inspect(conn)
         tables = MetaData()
         tables.reflect(conn)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from conftest import Kubesim, crd_manifest, wait_until
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from rotation_fixtures import KEY1, KEY2, SharedThreeServers, ThreeServers, wait
 
 from kubesim.etcd import prefix_end
 from storage_migrator.kube.connection import api_client_from_settings
@@ -25,6 +27,7 @@ from storage_migrator.migration.requests import read_migration
 from storage_migrator.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("migration_crds", "prefect_api")]
+pytest_plugins = ["rotation_cluster"]  # the module's cluster of three API servers, for the gate's tests
 
 IN_TREE = ("storagemigration.k8s.io", "v1", "storageversionmigrations")
 FAST_CONTROLLER = {"gc_delay": 0.2, "missing_resource_grace": 0.5}
@@ -315,3 +318,121 @@ def test_events_are_refused_at_once_on_in_tree_and_go_to_the_client_engine_on_au
     assert moved.result().progress.listed >= 1
     note = (our_request(in_tree, moved.result().migration).metadata.annotations or {})["migration.k8s.io/engine-note"]
     assert "garbage collector ignores events" in note
+
+
+# ----- the gate, on three API servers ----------------------------------------------------------
+@pytest.fixture
+def three(three_servers: SharedThreeServers, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreeServers]:
+    """The module's three servers (rotation_fixtures.SharedThreeServers), a dozen Secrets under key1, the in-tree
+    API served by each and kube-controller-manager's controller running (it talks to the first, as kcm to one
+    address); afterwards the controller off, its objects deleted and the API no longer served."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_SERVER_CONFIG_POLL_SECONDS", "0.3")
+    monkeypatch.setenv("STORAGE_MIGRATOR_IN_TREE_POLL_SECONDS", "0.2")
+    monkeypatch.setenv("STORAGE_MIGRATOR_ENGINE", "in-tree")
+    with three_servers.borrowed(secrets=12) as own:
+        for admin in own.admins:
+            admin.set_feature_gates({"StorageVersionMigrator": True})
+        own.admins[0].set_svm_controller(enabled=True, **FAST_CONTROLLER)
+        try:
+            yield own
+        finally:
+            own.admins[0].set_svm_controller(enabled=False)
+            api = own.api()
+            try:
+                k8s.CustomObjectsApi(api).delete_collection_cluster_custom_object(*IN_TREE)
+            finally:
+                api.close()
+            for admin in own.admins:
+                admin.set_feature_gates({"StorageVersionMigrator": False})
+
+
+def rotate_on(servers: ThreeServers, **params: Any) -> Any:
+    from flows.rotate_encryption_key import rotate_encryption_key
+
+    return rotate_encryption_key(key="key2", resources=["secrets"], kubeconfig=str(servers.kubeconfig),
+                                 context="kubesim-0", return_state=True, **params)  # fmt: skip
+
+
+def shown_waiting(since: float) -> bool:
+    """The rotation's gate showed (its table artifact, issue 19) that it waits for the servers to agree."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        shown = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            any_=["server-configs-rotate-key2"])), limit=20)  # fmt: skip
+    return any(a.created is not None and a.created.timestamp() >= since and
+               "waiting for every API server" in (a.description or "") for a in shown)  # fmt: skip
+
+
+def in_tree_writes(servers: ThreeServers) -> dict[str, int]:
+    counted = servers.admins[0].counters()["requestsByResource"]
+    return {k: counted.get(k, 0) for k in ("create storageversionmigrations.storagemigration.k8s.io", "patch secrets")}
+
+
+def test_the_gate_holds_an_in_tree_migration_while_the_servers_disagree(three: ThreeServers) -> None:
+    """Issue 19's gate, before the cluster's own engine writes: while one server still writes with key1, no
+    in-tree object exists and kube-controller-manager patches nothing; once every server runs one
+    configuration, the in-tree migration runs and our verdict names it."""
+    for server in range(3):
+        three.roll(server, KEY1, KEY2)
+    for server in range(2):
+        three.roll(server, KEY2, KEY1)  # server 2 still writes with key1
+    seen: dict[str, Any] = {}
+    began = time.time()
+
+    def operator() -> None:
+        try:
+            wait(lambda: shown_waiting(began), "the rotation waiting for server 2", timeout=120)
+            seen["while they disagree"] = in_tree_writes(three)
+        finally:
+            three.roll(2, KEY2, KEY1)
+
+    rolling = threading.Thread(target=operator, daemon=True)
+    rolling.start()
+    state = rotate_on(three, server_config_timeout=120)
+    rolling.join(timeout=60)
+    assert seen["while they disagree"] == {"create storageversionmigrations.storagemigration.k8s.io": 0,
+                                           "patch secrets": 0}  # fmt: skip
+    assert state.is_completed(), state.message
+    assert "Proven under encryption configuration sha256:" in state.result().message
+    assert three.keys_in_etcd() == {"key2"}
+    assert in_tree_writes(three)["patch secrets"] >= 12  # kube-controller-manager's, through server 0
+
+
+def test_a_server_changing_its_configuration_mid_run_stops_the_in_tree_migration(three: ThreeServers) -> None:
+    """The gate lost mid-run: the in-tree object is deleted (its API's only stop: no new scan, no Succeeded on
+    it) and our request fails as the client engine's would: not proven, keep the old key."""
+    for server in range(3):
+        three.roll(server, KEY1, KEY2)
+    for server in range(3):
+        three.roll(server, KEY2, KEY1)
+    # s-0005 answers 503: the in-tree migration is requeued at it, again and again, half done and Running.
+    three.admins[0].set_faults([{"verb": "patch", "resource": "secrets", "namespace": three.namespace,
+                                 "name": "s-0005", "code": 503}])  # fmt: skip
+
+    def operator() -> None:
+        wait(lambda: three.admins[0].faults()[0]["fired"] >= 2, "the in-tree migration held at s-0005")
+        three.roll(2, KEY1, KEY2)  # server 2 rolled back: it writes with key1 again
+
+    rolling = threading.Thread(target=operator, daemon=True)
+    rolling.start()
+    try:
+        state = rotate_on(three)
+    finally:
+        rolling.join(timeout=60)
+        three.admins[0].clear_faults()
+    assert state.is_failed(), state.message
+    assert "keep the old key" in str(state.message).lower() or "do not remove the old key" in str(state.message).lower()
+    api = three.api()
+    try:
+        request = k8s.CustomObjectsApi(api).get_cluster_custom_object("migration.k8s.io", "v1alpha1",
+                                                                      "storageversionmigrations", "secrets-key2")  # fmt: skip
+        assert "secrets-key2" not in in_tree_objects(api)
+    finally:
+        api.close()
+    failed = next(c for c in request["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "EncryptionConfigurationChanged", failed
+    assert "storageversionmigrations.storagemigration.k8s.io/secrets-key2 was deleted" in failed["message"]
+    # Held at s-0005 until our run ended: stopped part-way, and deleted, so never scanned again.
+    assert three.keys_in_etcd() == {"key1", "key2"}, "stopped part-way: both keys are still in etcd"

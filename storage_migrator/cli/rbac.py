@@ -8,12 +8,11 @@ in-tree engine, with no patch or update on any migrated resource.
 from __future__ import annotations
 
 import sys
-from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
 
-from storage_migrator.cli.options import kube_api, settings_of
+from storage_migrator.cli.options import EngineOption, kube_api, settings_of
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import KubeError
@@ -22,15 +21,7 @@ from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.operations.rbac import DEFAULT_NAME, UnknownResource, build_role
 from storage_migrator.settings.engine import EngineSetting
 
-__all__ = ["EngineOption", "command"]
-
-
-class EngineOption(StrEnum):
-    """The values of --engine (the setting STORAGE_MIGRATOR_ENGINE's)."""
-
-    client = "client"
-    in_tree = "in-tree"
-    auto = "auto"
+__all__ = ["command"]
 
 
 def _names(text: str | None) -> list[str]:

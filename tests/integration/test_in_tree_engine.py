@@ -21,6 +21,7 @@ from kubernetes import config as k8s_config
 from rotation_fixtures import KEY1, KEY2, SharedThreeServers, ThreeServers, wait
 
 from kubesim.etcd import prefix_end
+from storage_migrator.cli import main
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.engines import ENGINE_ANNOTATION, IN_TREE_UNSEEN_ANNOTATION
 from storage_migrator.migration.requests import read_migration
@@ -123,7 +124,7 @@ def is_true(obj: dict[str, Any], kind: str) -> bool:
 # ----- a migration on the in-tree engine ----------------------------------------------------
 def test_a_crd_storage_flip_on_the_in_tree_engine_from_detection_to_refinement(
     in_tree: Kubesim, api: Any, widgets: Callable[[int], str], namespace: str, clean_slate: Any,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     """Issue 36: detection requests, our request is the record, kube-controller-manager writes (its own patches,
     through the API server), our count proves, detection refines and trims the CRD's stored versions."""
@@ -165,6 +166,10 @@ def test_a_crd_storage_flip_on_the_in_tree_engine_from_detection_to_refinement(
     state = next(s for s in clean_slate_states(in_tree) if s.metadata.name == f"widgets.{group}")
     assert state.status.persisted_storage_version_hashes == [state.status.current_storage_version_hash]
     assert ext.read_custom_resource_definition(f"widgets.{group}").status.stored_versions == ["v2"]
+    # `status` says which engine ran the resource's last migration.
+    assert main(["--kubeconfig", in_tree.kubeconfig, "status", "-o", "json"]) == 0
+    (row,) = [r for r in json.loads(capsys.readouterr().out) if r["group"] == group]
+    assert (row["migration"], row["phase"], row["engine"]) == (name, "Succeeded", "in-tree")
 
 
 def clean_slate_states(kubesim: Kubesim) -> list[Any]:

@@ -116,10 +116,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1024, help="bytes of data per ConfigMap")
     parser.add_argument("--repeat", type=int, default=2, help="interleaved repetitions")
     args = parser.parse_args()
-    quiet_unbudgeted_flows()
-    import os
-
-    os.environ["STORAGE_MIGRATOR_IN_TREE_POLL_SECONDS"] = "2"  # the default: what our process spends waiting
+    quiet_unbudgeted_flows()  # the in-tree runs poll every in_tree_poll_seconds, the default: what we spend waiting
     from prefect.testing.utilities import prefect_test_harness
 
     print(f"machine: {machine()}", flush=True)

@@ -74,14 +74,12 @@ from tasks.in_tree import (
 )
 from tasks.migrating import (
     MigrationHandle,
-    check_agreement,
     checkpoint,
     finish_migration,
     hold_migration,
     restart_pass,
     start_migration,
 )
-from tasks.server_configs import observe_configs
 
 if TYPE_CHECKING:
     from flows.migrate_resource import MigrationSummary
@@ -202,19 +200,16 @@ class _Run:
         began = time.monotonic()
         while True:
             assert self.opened is not None
-            seen = watch_in_tree.submit(self.settings, self.handle, self.opened)
-            asked = check_agreement.submit(self.settings, self.handle)
-            heard = observe_configs.submit(self.settings) if self.handle.encryption_key else None
-            verdict = judge_in_tree(seen.result(), name=self.opened.name, waited_seconds=time.monotonic() - began,
+            seen = watch_in_tree(self.settings, self.handle, self.opened)
+            verdict = judge_in_tree(seen.observed, name=self.opened.name, waited_seconds=time.monotonic() - began,
                                     pickup_seconds=self.settings.in_tree_pickup_seconds,
                                     timeout_seconds=self.settings.in_tree_timeout_seconds)  # fmt: skip
             self._show(verdict)
             self._judge_end(verdict)
-            now = asked.result()
+            now, configs = seen.storage_version, seen.configs
             moment: AgreementMoment = "end" if verdict.step == "succeeded" else "chunk"
             gates = decide_agreement(resource=self.handle.group_resource, moment=moment, baseline=self.baseline,
                                      now=now, passes=self.passes)  # fmt: skip
-            configs = heard.result() if heard is not None else None
             if configs is not None:
                 gates = _most_careful(gates, check_configs(configs, moment=moment, baseline=self.config_hash,
                                                            passes=self.passes,

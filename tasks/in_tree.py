@@ -17,6 +17,10 @@ from typing import Any
 from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
+from storage_migrator.agreement.apiservers import observe_server_configs
+from storage_migrator.agreement.server_configs import ServerConfigs
+from storage_migrator.agreement.storage_versions import StorageVersionObservation
+from storage_migrator.agreement.storageversion_api import read_storage_version
 from storage_migrator.kube.crds import CRDS, read_crds
 from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.errors import AlreadyExists, Conflict, NotFound
@@ -56,11 +60,12 @@ from storage_migrator.migration.requests import (
 )
 from storage_migrator.models import MIGRATIONS_KIND_NAME, MigrationProgress, format_time
 from storage_migrator.settings import Settings
-from tasks.common import PRIVATE, REQUEST_RETRIES, connected
+from tasks.common import PRIVATE, REQUEST_RETRIES, api_client, connected
 from tasks.migrating import MigrationHandle
 
 __all__ = [
     "InTreeOpened",
+    "InTreeWatch",
     "choose_run_engine",
     "count_in_tree",
     "delete_in_tree",
@@ -195,19 +200,34 @@ def open_in_tree(settings: Settings, handle: MigrationHandle, *, version: str, p
         return _opened(created, version, adopted=False)
 
 
+class InTreeWatch(BaseModel):
+    """One look at a run on the in-tree engine: its in-tree object (None: gone) and what the gates ask."""
+
+    observed: InTreeMigration | None
+    storage_version: StorageVersionObservation | None = Field(description="The resource's StorageVersion object.")
+    configs: ServerConfigs | None = Field(default=None, description="Every API server's encryption configuration.")
+
+
 @task(name="watch-in-tree-migration", **REQUEST_RETRIES, **PRIVATE)
-def watch_in_tree(settings: Settings, handle: MigrationHandle, opened: InTreeOpened) -> InTreeMigration | None:
-    """The in-tree object as it is now (None: deleted, or replaced by another of the name); first our
-    request: `MigrationCancelled` when it was deleted or taken over (the run stops and deletes the object)."""
+def watch_in_tree(settings: Settings, handle: MigrationHandle, opened: InTreeOpened) -> InTreeWatch:
+    """One look, in one task run (the flow looks every in_tree_poll_seconds for hours: a task run per look
+    is what our process spends): our request first (`MigrationCancelled` when it was deleted or taken over:
+    the run stops and deletes the object), the in-tree object (None when deleted, or replaced by another of
+    the name), the resource's StorageVersion object, and for a key's request every server's configuration."""
     with connected(settings) as api:
         MigrationRecord.open(api, name=handle.name, uid=handle.uid, owner=handle.owner)
         try:
-            raw = read_object(api, in_tree_ref(opened.version), name=opened.name)
+            raw: dict[str, Any] | None = read_object(api, in_tree_ref(opened.version), name=opened.name)
         except NotFound:
-            return None
-        if (raw.get("metadata") or {}).get("uid") != opened.uid:
-            return None
-        return InTreeMigration.from_object(raw)
+            raw = None
+        if raw is not None and (raw.get("metadata") or {}).get("uid") != opened.uid:
+            raw = None
+        version = read_storage_version(api, group=handle.group, resource=handle.resource,
+                                       timeout=settings.request_timeout_seconds)  # fmt: skip
+        configs = (observe_server_configs(api, settings, connect=lambda server: api_client(settings, server=server))
+                   if handle.encryption_key else None)  # fmt: skip
+        return InTreeWatch(observed=InTreeMigration.from_object(raw) if raw is not None else None,
+                           storage_version=version, configs=configs)  # fmt: skip
 
 
 @task(name="delete-in-tree-migration", **REQUEST_RETRIES, **PRIVATE)

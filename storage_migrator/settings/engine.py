@@ -51,12 +51,14 @@ class EngineSettings(BaseModel):
         ),
     )
     in_tree_poll_seconds: float = Field(
-        default=2.0,
+        default=5.0,
         gt=0,
         description=(
             "How often a run on the in-tree engine reads its in-tree migration and checks again that the "
-            "API servers agree (storage version, and for a key's migration their encryption configuration). "
-            "Default 2 seconds: two small reads; a gate lost mid-run stops the in-tree migration within it."
+            "API servers agree (storage version, and for a key's migration their encryption configuration): one "
+            "task run of a few reads. Default 5 seconds: a gate lost mid-run stops the in-tree migration within "
+            "it (the client engine checks between chunks, 50 s apart at 10 writes/s), and a run of hours costs "
+            "our process little (docs/benchmarks.md, 'The two engines')."
         ),
     )
     in_tree_timeout_seconds: float = Field(

@@ -129,7 +129,7 @@ def _on_client(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     rec.engine, rec.engine_note = "client", note
     if note:
         get_run_logger().info("%s: %s", handle.name, note)
-    if settings.engine != "client" and not marked:
+    if (settings.engine != "client" or note) and not marked:
         mark_engine(settings, handle, engine="client", note=note)
     return handle.model_copy(update={"engine": "client", "engine_note": note})
 

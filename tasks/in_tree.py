@@ -134,9 +134,13 @@ def choose_run_engine(settings: Settings, handle: MigrationHandle) -> EngineChoi
                                        within_seconds=settings.in_tree_recheck_seconds)  # fmt: skip
         choice = choose_engine(settings.engine, served_version=version, refusal=refusal, unseen=unseen,
                                recheck_seconds=settings.in_tree_recheck_seconds)  # fmt: skip
-        if choice.engine == "client" and version is not None:
-            for obj in _ours(api, version, handle):
-                _delete(api, version, obj["metadata"]["name"], obj["metadata"]["uid"])
+        left = _ours(api, version, handle) if choice.engine == "client" and version is not None else []
+        for obj in left:
+            _delete(api, version or "", obj["metadata"]["name"], obj["metadata"]["uid"])
+        if left and not choice.note:
+            names = ", ".join(o["metadata"]["name"] for o in left)
+            choice = choice.model_copy(update={"note": f"engine client: deleted the in-tree migration(s) {names} an "
+                                                       "earlier run of the request left (one writer per request)"})  # fmt: skip
         return choice
 
 

@@ -29,6 +29,7 @@ from prefect.runtime import flow_run
 from flows.events import CLUSTER
 from storage_migrator.fleet.identity import ClusterIdentity, WrongCluster, judge_worker
 from storage_migrator.fleet.names import block_of, cluster_name, cluster_tag, deployment_name
+from storage_migrator.migration.engines import engine_parameter_refusal
 from storage_migrator.settings import Settings
 from tasks.cluster_identity import check_cluster_identity
 
@@ -42,7 +43,10 @@ def cluster_settings(cluster: str | None, **overrides: Any) -> Settings:
     (STORAGE_MIGRATOR_CLUSTER) runs with its own credentials, for that cluster only: a run
     for another fails here, before anything is read or written (`WrongCluster`, naming
     both). Push mode: a named cluster's block is its credentials, whatever the worker's
-    environment says (its own STORAGE_MIGRATOR_KUBECONFIG, or pod, being its default cluster)."""
+    environment says (its own STORAGE_MIGRATOR_KUBECONFIG, or pod, being its default cluster).
+    `engine` (issue 36): in pull mode the install's (its ConfigMap), which a run may repeat but not
+    change; in push mode the run's parameter (the cluster's deployment's) chooses."""
+    asked = overrides.pop("engine", None)  # issue 36: in pull mode the install's, never the API's
     base = Settings.with_overrides(**overrides)
     wanted = block_of(cluster)
     given = [k for k in ("kubeconfig", "context") if overrides.get(k) is not None]
@@ -53,7 +57,12 @@ def cluster_settings(cluster: str | None, **overrides: Any) -> Settings:
         if given:
             raise ValueError(f"this worker reaches cluster {base.cluster!r} with its own credentials (pull mode): "
                              f"leave out {' and '.join(given)}")  # fmt: skip
+        refused = engine_parameter_refusal(asked, install=base.engine, pull_mode=base.cluster)
+        if refused is not None:
+            raise ValueError(refused)
         return base
+    if asked is not None:
+        base = base.model_copy(update={"engine": Settings.with_overrides(**overrides, engine=asked).engine})
     if wanted is None:
         return base
     if given:

@@ -84,11 +84,15 @@ def emit(event: str, *, resource: Mapping[str, str], payload: Mapping[str, Any],
 
 
 def emit_migration(outcome: str, *, migration: str, group_resource: str, progress: MigrationProgress,
-                   message: str = "", failures: list[ObjectFailure] | None = None) -> None:  # fmt: skip
+                   message: str = "", failures: list[ObjectFailure] | None = None,
+                   engine: str | None = None) -> None:  # fmt: skip
     """`storage-migrator.migration.<outcome>`: counters, our own summary (names, codes,
     reasons, field paths) and, when it failed, the failed objects' records (names, codes,
-    reasons and field paths: storage_migrator.migration.failures)."""
+    reasons and field paths: storage_migrator.migration.failures); `engine` (issue 36)
+    when kube-controller-manager's in-tree migrator wrote."""
     payload: dict[str, Any] = {"progress": progress.model_dump(), "message": message[:1000]}
+    if engine is not None:
+        payload["engine"] = engine
     if failures is not None:
         payload["failures"] = [f.model_dump(exclude_none=True) for f in failures]
     emit(

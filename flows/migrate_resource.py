@@ -44,6 +44,7 @@ from pydantic import BaseModel, Field
 from flows.best_effort import best_effort
 from flows.cluster_scope import cluster_settings, entered_cluster
 from flows.events import delivered_events, emit_migration
+from flows.in_tree_engine import in_tree_engine
 from flows.prefect_outage import heal_budget, wait_for_prefect
 from flows.run_logs import our_logs_in_the_run
 from flows.server_config_gate import GateOutcome, check_configs, wait_for_one_config
@@ -66,7 +67,7 @@ from storage_migrator.models import (
     MigrationProgress,
     ObjectFailure,
 )
-from storage_migrator.settings import Settings
+from storage_migrator.settings import EngineSetting, Settings
 from tasks.migrating import (
     MigrationHandle,
     check_agreement,
@@ -280,17 +281,19 @@ def migrate_resource(
     kubeconfig: str | None = None,
     context: str | None = None,
     cluster: str | None = None,
+    engine: EngineSetting | None = None,
 ) -> MigrationSummary | State[Any]:
     """Migrate one resource: `migration` names an existing request; else `resource`
     (with `group`, `version`) creates one. `cluster` names a KubernetesClusterConfig
-    block (issue 20; left out: the cluster of the environment). Other parameters
-    override the settings."""
+    block (issue 20; left out: the cluster of the environment). `engine` (issue 36):
+    client, in-tree or auto; in pull mode only the install's may be named. Other
+    parameters override the settings."""
     # Issue 12: an ephemeral run ends once its events are stored; our threads' warnings reach its log.
     with delivered_events(), our_logs_in_the_run():
         return _migrate(resource=resource, group=group, version=version, migration=migration,
                         chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
                         write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context,
-                        cluster=cluster)  # fmt: skip
+                        cluster=cluster, engine=engine)  # fmt: skip
 
 
 def _migrate(
@@ -305,6 +308,7 @@ def _migrate(
     kubeconfig: str | None,
     context: str | None,
     cluster: str | None,
+    engine: EngineSetting | None,
 ) -> MigrationSummary | State[Any]:
     """The run itself (see the module docstring)."""
     dead = _marked_dead()
@@ -313,7 +317,7 @@ def _migrate(
         return Cancelled(message=dead)
     settings = cluster_settings(
         cluster, chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
-        write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context,
+        write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context, engine=engine,
     )  # fmt: skip
     # Issue 20: the cluster is the one recorded under its name, before anything is written (a request included).
     with entered_cluster(settings):
@@ -404,6 +408,10 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
         logger.warning("%s: %s", handle.name, verdict.message)
         rec.started(resumed=False)
         return _fail(settings, handle, rec, MigrationProgress(), reason=verdict.reason, message=verdict.message)
+    # Issue 36: where the engine is in-tree, kube-controller-manager writes (no budget, no writer's Lease of ours).
+    handle, ended = in_tree_engine(settings, handle, rec, baseline=baseline, gate=gate)
+    if ended is not None:
+        return ended
     try:
         start = start_migration(settings, handle, flow_run=str(flow_run.id) if flow_run.id else None,
                                 config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip

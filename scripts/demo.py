@@ -21,6 +21,12 @@ etcd holds.
    StorageStates, and etcd holding only the new version and key;
 8-10. with `--clusters 2`, a second cluster on the same Prefect server and a
    fleet key rotation of both (scripts/demo_fleet.py).
+
+`--engine in-tree` (issue 36) tells the same story on the cluster's own engine: kubesim
+serves `storagemigration.k8s.io` and runs kube-controller-manager's migrator (its
+`StorageVersionMigrator` gate on), the workers run with STORAGE_MIGRATOR_ENGINE=in-tree,
+and every migration is an in-tree object named after our request, which stays the
+record; the summary says which engine ran each and lists the in-tree objects.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from kubesim.etcd import EtcdStore, prefix_end
 from storage_migrator.conditions import is_condition_true
 from storage_migrator.detection.states import list_states
 from storage_migrator.kube.connection import api_client_from_settings
+from storage_migrator.migration.engines import ENGINE_ANNOTATION
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.settings import Settings
 
@@ -148,6 +155,23 @@ def wait_for_migrations(api: Any, *, timeout: float) -> list[Any]:
         time.sleep(1)
 
 
+#: kube-controller-manager's own migrations (the in-tree API of the same plural as ours).
+IN_TREE = ("storagemigration.k8s.io", "v1", "storageversionmigrations")  # the in-tree API
+
+
+def in_tree_lines(api: Any) -> list[str]:
+    """kube-controller-manager's migrations as `kubectl get` would list them: name, resource, its phase."""
+    items = k8s.CustomObjectsApi(api).list_cluster_custom_object(*IN_TREE)["items"]
+    lines = [f"{'NAME':<56} {'RESOURCE':<50} PHASE"]
+    for item in sorted(items, key=lambda i: i["metadata"]["creationTimestamp"]):
+        res = item["spec"]["resource"]
+        true = [c["type"] for c in item.get("status", {}).get("conditions", []) if c["status"] == "True"]
+        phase = next((t for t in ("Succeeded", "Failed", "Running") if t in true), "Pending")
+        name = f"{res['resource']}.{res['group']}" if res["group"] else res["resource"]
+        lines.append(f"{item['metadata']['name']:<56} {name:<50} {phase}")
+    return lines
+
+
 def poll(stack: PrefectStack) -> None:
     """One run of the detection deployment, waited for (what the schedule does every 10 minutes)."""
     watch_poll(stack, "detect-storage-changes/detect-storage-changes")
@@ -173,6 +197,10 @@ def main() -> int:
     )
     parser.add_argument("--clusters", type=int, choices=[1, 2], default=1,
                         help="2: a second cluster on the same Prefect server, and a fleet key rotation of both")  # fmt: skip
+    parser.add_argument("--engine", choices=["client", "in-tree", "auto"], default="client",
+                        help="the engine of the migrations (STORAGE_MIGRATOR_ENGINE): client (ours, the default), "
+                             "in-tree (kube-controller-manager's migrator, which kubesim runs with its "
+                             "StorageVersionMigrator gate on) or auto")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep everything running afterwards (Ctrl-C stops it)")
     parser.add_argument("--prefect-db", choices=["sqlite", "postgres"], default="sqlite",
                         help="the Prefect server's database: sqlite (Prefect's default) or postgres (Debian's "
@@ -189,17 +217,27 @@ def main() -> int:
             "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": str(args.write_rate),
             "STORAGE_MIGRATOR_MAX_PARALLEL_MIGRATIONS": "4",
             "STORAGE_MIGRATOR_SETTLE_SECONDS": str(SETTLE_SECONDS),
+            "STORAGE_MIGRATOR_ENGINE": args.engine,
         },
     )
+    in_tree = args.engine != "client"
+    gates = {"StorageVersionMigrator": True} if in_tree else None
+    if args.engine == "in-tree":  # what kcm cannot migrate (its garbage collector ignores events), as rbac says
+        stack.worker_env["STORAGE_MIGRATOR_EXCLUDE_RESOURCES"] = "events"
     stack.wipe()
     started_at = datetime.now(UTC)
-    with Cluster() as cluster:
+    with Cluster(feature_gates=gates) as cluster:
         cluster.write_kubeconfig(kubeconfig)
         admin = Admin(cluster.server.url)
         api = api_client_from_settings(Settings(kubeconfig=kubeconfig))
         etcd = cluster.etcd()
         try:
             print(f"1. kubesim on {cluster.server.url} (etcd {cluster.etcd_url}), kubeconfig {kubeconfig}")
+            if in_tree:
+                print(f"   engine {args.engine}: kubesim serves storagemigration.k8s.io and runs kube-controller-"
+                      "manager's migrator; our requests stay the record, the writes are the controller's"
+                      + ("; events left out of detection (kcm's garbage collector ignores them)"
+                         if args.engine == "in-tree" else ""))  # fmt: skip
             seed(api, count=args.objects)
             report("   etcd after install:", etcd)
             print(f"\n2. A Prefect server (home {stack.home}); deploying prefect.yaml; a worker")
@@ -233,14 +271,18 @@ def main() -> int:
                       "--watch")  # fmt: skip
             migrations = wait_for_migrations(api, timeout=900)
             print("\n7. Summary: the last migration of each resource")
-            print(f"   {'RESOURCE':<46} {'PHASE':<10} {'LISTED':>7} {'REWRITTEN':>9} {'UNCHANGED':>9}")
+            print(f"   {'RESOURCE':<46} {'PHASE':<10} {'ENGINE':<8} {'LISTED':>7} {'REWRITTEN':>9} {'UNCHANGED':>9}")
             latest = {(m.spec.resource.group, m.spec.resource.resource): m
                       for m in sorted(migrations, key=lambda m: m.metadata.creation_timestamp or started_at)}  # fmt: skip
             for _, m in sorted(latest.items()):
                 r, p = m.spec.resource, m.status.progress
                 name = f"{r.resource}.{r.group}" if r.group else r.resource
-                print(f"   {name:<46} {m.status.phase or '':<10} {p.listed if p else 0:>7} "
+                engine = (m.metadata.annotations or {}).get(ENGINE_ANNOTATION, "client")
+                print(f"   {name:<46} {m.status.phase or '':<10} {engine:<8} {p.listed if p else 0:>7} "
                       f"{p.rewritten if p else 0:>9} {p.unchanged if p else 0:>9}")  # fmt: skip
+            if in_tree:
+                print("\n   kube-controller-manager's migrations, one per request of ours (named after it):")
+                print("   " + "\n   ".join(in_tree_lines(api)))
             after = report("   etcd after the migrations:", etcd)
             expected = {"secrets": "encrypted with key2", "configmaps": "apiVersion v2",
                         WIDGETS: "apiVersion demo.example.com/v2"}  # fmt: skip
@@ -249,7 +291,8 @@ def main() -> int:
             if args.clusters == 2:
                 ok = second_cluster(stack, workdir, objects=max(1, args.objects // 2), first_admin=admin,
                                     first_etcd=etcd, seed=lambda a, n: seed(a, count=n),
-                                    wait_for_migrations=wait_for_migrations, report=report) and ok  # fmt: skip
+                                    wait_for_migrations=wait_for_migrations, report=report,
+                                    engine=args.engine) and ok  # fmt: skip
             wait_for_ui(stack.ui_url, stack.api_url)
             print(f"\n   The Prefect UI answers at {stack.ui_url}. Open the Runs page first: {stack.ui_url}/v2/runs "
                   "(one migrate-<resource>-<version>-<uid> run per migration, tagged resource:<resource>; "
@@ -262,6 +305,8 @@ def main() -> int:
             print(
                 f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations.migration.k8s.io,storagestates.migration.k8s.io"
             )
+            if in_tree:
+                print(f"   kubectl --kubeconfig {kubeconfig} get storageversionmigrations.storagemigration.k8s.io")
             if args.keep:
                 print("\nEverything keeps running; Ctrl-C stops it.")
                 stop = threading.Event()

@@ -58,9 +58,11 @@ def watch_poll(stack: PrefectStack, deployment: str) -> None:
 
 def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_admin: Admin, first_etcd: EtcdStore,
                    seed: Callable[[Any, int], None], wait_for_migrations: Callable[..., Any],
-                   report: Callable[[str, EtcdStore], dict[str, Any]]) -> bool:  # fmt: skip
-    """Steps 8-10; True when etcd holds only key3 for the Secrets of both clusters."""
-    with Cluster() as cluster:
+                   report: Callable[[str, EtcdStore], dict[str, Any]], engine: str = "client") -> bool:  # fmt: skip
+    """Steps 8-10; True when etcd holds only key3 for the Secrets of both clusters. `engine` (issue 36): the second
+    cluster's install runs it (pull mode: the cluster decides), and `fleet add --engine` says the same."""
+    gates = {"StorageVersionMigrator": True} if engine != "client" else None
+    with Cluster(feature_gates=gates) as cluster:
         kubeconfig = cluster.write_kubeconfig(workdir / f"{NAME}.kubeconfig")
         admin, etcd = Admin(cluster.server.url), cluster.etcd()
         api = api_client_from_settings(Settings(kubeconfig=kubeconfig))
@@ -70,9 +72,11 @@ def second_cluster(stack: PrefectStack, workdir: Path, *, objects: int, first_ad
             seed(api, objects)
             # Its identity read from the cluster itself and pinned before any run (issue 35: no trust on first use).
             uid = str(CoreV1Api(api).read_namespace("kube-system").metadata.uid)
-            print(storage_migrator(stack, workdir / "kubeconfig", "fleet", "add", NAME, "--pool", POOL, "--uid", uid))
+            print(storage_migrator(stack, workdir / "kubeconfig", "fleet", "add", NAME, "--pool", POOL, "--uid", uid,
+                                   "--engine", engine))  # fmt: skip
             stack.start_worker(f"worker-{NAME}", pool=POOL, env={"STORAGE_MIGRATOR_CLUSTER": NAME,
-                                                                 "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig)})  # fmt: skip
+                                                                 "STORAGE_MIGRATOR_KUBECONFIG": str(kubeconfig),
+                                                                 "STORAGE_MIGRATOR_ENGINE": engine})  # fmt: skip
             started = time.monotonic()
             watch_poll(stack, f"detect-storage-changes/{NAME}")
             wait_for_migrations(api, timeout=900)

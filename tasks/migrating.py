@@ -33,6 +33,7 @@ from storage_migrator.migration.chunk_terms import (
     WriteMode,
 )
 from storage_migrator.migration.chunks import migrate_chunk
+from storage_migrator.migration.engines import Engine
 from storage_migrator.migration.lookahead import PageAhead
 from storage_migrator.migration.requests import (
     MigrationCancelled,
@@ -76,6 +77,11 @@ class MigrationHandle(BaseModel):
     owner: str | None = Field(
         default=None, description="Issue 31: the flow run that claims the request (its writes are fenced)."
     )
+    engine: Engine = Field(default="client", description="Issue 36: the engine that rewrites the objects.")
+    engine_note: str = Field(
+        default="",
+        description="Issue 36: why that engine (auto's choice, a fallback), said in the request's conditions.",
+    )
 
     @property
     def ref(self) -> ResourceRef:
@@ -96,6 +102,11 @@ class Checkpointed(BaseModel):
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def _noted(handle: MigrationHandle, message: str) -> str:
+    """Issue 36: a message of the request says which engine ran it when the setting alone does not."""
+    return f"{message} ({handle.engine_note})" if handle.engine_note else message
 
 
 def _record(api: Any, handle: MigrationHandle, *, claiming: bool = False) -> MigrationRecord:
@@ -184,7 +195,7 @@ def start_migration(
         resumed = "resuming from its checkpoint" if token else "from the beginning"
         who = f" by flow run {flow_run}" if flow_run else ""
         record.start(now=_now(), target_hash=handle.target_hash or None, config_hash=config_hash,
-                     message=f"migrating {handle.ref} {resumed}{who}")  # fmt: skip
+                     message=_noted(handle, f"migrating {handle.ref} {resumed}{who}"))  # fmt: skip
         return Checkpointed(token=token, progress=progress, failures=list(record.migration.status.failures))
 
 
@@ -299,4 +310,4 @@ def finish_migration(
     settings: Settings, handle: MigrationHandle, *, succeeded: bool, reason: str, message: str
 ) -> None:
     with connected(settings) as api:
-        _record(api, handle).finish(succeeded=succeeded, now=_now(), reason=reason, message=message)
+        _record(api, handle).finish(succeeded=succeeded, now=_now(), reason=reason, message=_noted(handle, message))

@@ -20,6 +20,7 @@ from uuid import UUID
 
 import typer
 
+from storage_migrator.cli.options import EngineOption
 from storage_migrator.cli.output import Output, OutputFormat, emit, render_table
 from storage_migrator.cli.prefect_api import prefect_client
 from storage_migrator.fleet.deployments import (
@@ -28,6 +29,7 @@ from storage_migrator.fleet.deployments import (
     ScheduleSpec,
     cluster_of,
     default_pool,
+    engine_of,
     for_cluster,
     keeping_pauses,
     mode_of,
@@ -55,6 +57,7 @@ Cluster = Annotated[str, typer.Argument(metavar="NAME", help="the cluster's name
 Pool = Annotated[str | None, typer.Option("--pool", help="pull mode: the work pool of the cluster's own worker (default, with no block NAME: storage-migrator-NAME)")]  # fmt: skip
 Queue = Annotated[str | None, typer.Option("--queue", help="pull mode: a queue of the pool (default: the pool's default queue)")]  # fmt: skip
 Uid = Annotated[str | None, typer.Option("--uid", metavar="UID", help="the cluster's identity, read by you from the cluster (kubectl get namespace kube-system -o jsonpath='{.metadata.uid}'): recorded now, so that its first run cannot record another cluster's")]  # fmt: skip
+Engine = Annotated[EngineOption | None, typer.Option("--engine", help="issue 36: the engine of the cluster's migrations (client, in-tree, auto); push mode: its migrate-resource copy runs with it; pull mode: the cluster's install decides (STORAGE_MIGRATOR_ENGINE in its ConfigMap storage-migrator-cluster) and runs refuse another; default: the one given before, else the workers' setting")]  # fmt: skip
 
 
 def _fail(message: str) -> NoReturn:
@@ -260,7 +263,18 @@ def _pin_problem(cluster: str, *, recorded: str | None, given: str) -> str | Non
             f"{identity_variable(cluster)}) and run this again; else check which cluster you read the uid from")  # fmt: skip
 
 
-def add(name: Cluster, pool: Pool = None, queue: Queue = None, uid: Uid = None,
+def _given_engine(client: SyncPrefectClient, cluster: str) -> str | None:
+    """The engine an earlier `fleet add --engine` gave the cluster (kept by an upgrade's `fleet add NAME`)."""
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        existing = client.read_deployment_by_name(deployment_name(FLEET_FLOWS[0], cluster))
+    except ObjectNotFound:
+        return None
+    return engine_of(existing.tags or [])
+
+
+def add(name: Cluster, pool: Pool = None, queue: Queue = None, uid: Uid = None, engine: Engine = None,
         output: Output = OutputFormat.table) -> None:  # fmt: skip
     """Create or update the cluster's deployments flow/NAME, one per deployment of prefect.yaml (the templates, flow/flow).
 
@@ -288,7 +302,8 @@ def add(name: Cluster, pool: Pool = None, queue: Queue = None, uid: Uid = None,
         if pinned and (problem := _pin_problem(cluster, recorded=recorded, given=pinned)):
             _fail(problem)
         pool_action = _ensure_pool(client, pool, templates[0].work_pool_name) if pool else None
-        written = [_upsert(client, for_cluster(t, cluster, pool=pool, queue=queue)) for t in templates]
+        chosen = engine.value if engine is not None else _given_engine(client, cluster)
+        written = [_upsert(client, for_cluster(t, cluster, pool=pool, queue=queue, engine=chosen)) for t in templates]
         if pinned and recorded is None:
             from prefect.client.schemas.actions import VariableCreate
 
@@ -301,16 +316,22 @@ def add(name: Cluster, pool: Pool = None, queue: Queue = None, uid: Uid = None,
         print(f"note: the identity of cluster {cluster!r} is recorded by its first run, whatever cluster that run "
               f"reaches (trust on first use): give --uid to record it now (docs/operator-guide.md, 'A cluster's "
               f"identity')", file=sys.stderr)  # fmt: skip
+    if chosen and pool:
+        print(f"note: pull mode: the cluster's install decides which engine writes; its runs refuse engine {chosen} "
+              f"unless it runs it too: STORAGE_MIGRATOR_ENGINE={chosen} in its ConfigMap storage-migrator-cluster"
+              + (" (the kustomize component deployments/rbac/in-tree/ sets it, with the role that patches nothing)"
+                 if chosen == "in-tree" else ""), file=sys.stderr)  # fmt: skip
     rows: list[dict[str, Any]] = [
-        {"deployment": c.full_name, "action": action, "mode": mode_of(c.tags), "work_pool": c.work_pool_name,
+        {"deployment": c.full_name, "action": action, "mode": mode_of(c.tags), "engine": engine_of(c.tags),
+         "work_pool": c.work_pool_name,
          "work_queue": c.work_queue_name, "parameters": c.parameters, "tags": c.tags,
          "schedules": [s.model_dump(include={"schedule", "active"}) for s in c.schedules],
          "concurrency_limit": c.concurrency_limit, "collision_strategy": c.collision_strategy}
         for c, action in written
     ]  # fmt: skip
     emit(output, rows, lambda: render_table(
-        ["DEPLOYMENT", "ACTION", "MODE", "WORK POOL", "SCHEDULE", "CONCURRENCY"],
-        [[r["deployment"], r["action"], r["mode"], r["work_pool"] or "-", _schedule_text(r["schedules"]),
+        ["DEPLOYMENT", "ACTION", "MODE", "ENGINE", "WORK POOL", "SCHEDULE", "CONCURRENCY"],
+        [[r["deployment"], r["action"], r["mode"], r["engine"] or "-", r["work_pool"] or "-", _schedule_text(r["schedules"]),
           f"{r['concurrency_limit']} {r['collision_strategy'] or ''}".strip() if r["concurrency_limit"] else "-"]
          for r in rows]))  # fmt: skip
 
@@ -360,7 +381,7 @@ def _identity_uid(client: SyncPrefectClient, cluster: str) -> str | None:
 
 
 def list_clusters(output: Output = OutputFormat.table) -> None:
-    """One row per cluster that has deployments (tagged cluster:NAME): pull or push mode, its work pools, its deployments, those of prefect.yaml it lacks, whether its KubernetesClusterConfig block exists (push mode needs it; in pull mode one left there is credentials to delete), and its recorded identity (the uid of kube-system, Prefect Variable storage-migrator-cluster-NAME; none before its first run).
+    """One row per cluster that has deployments (tagged cluster:NAME): pull or push mode, the engine fleet add --engine gave it (-: the workers' setting), its work pools, its deployments, those of prefect.yaml it lacks, whether its KubernetesClusterConfig block exists (push mode needs it; in pull mode one left there is credentials to delete), and its recorded identity (the uid of kube-system, Prefect Variable storage-migrator-cluster-NAME; none before its first run).
 
     Exit codes: 0 done (no cluster included: the table says so on stderr, json prints []); 1 the Prefect API failed.
     """
@@ -371,9 +392,11 @@ def list_clusters(output: Output = OutputFormat.table) -> None:
         for cluster, found in clusters.items():
             names = [n for n, _ in found]
             modes = {mode_of(d.tags or []) for _, d in found}
+            engines = {engine_of(d.tags or []) for _, d in found}
             rows.append({
                 "cluster": cluster, "deployments": names, "mode": "pull" if modes == {"pull"} else
                 "push" if modes == {"push"} else "mixed", "work_pools": sorted({d.work_pool_name or "-" for _, d in found}),
+                "engine": engines.pop() if len(engines) == 1 else "mixed",
                 "missing_deployments": [f for f in FLEET_FLOWS if f"{f}/{cluster}" not in names],
                 "block": cluster in blocks, "identity_uid": _identity_uid(client, cluster),
             })  # fmt: skip
@@ -386,8 +409,9 @@ def list_clusters(output: Output = OutputFormat.table) -> None:
         return ("yes" if r["block"] else "missing") if r["mode"] != "pull" else ("yes (unused)" if r["block"] else "-")
 
     emit(output, rows, lambda: render_table(
-        ["CLUSTER", "MODE", "WORK POOL", "DEPLOYMENTS", "MISSING", "BLOCK", "IDENTITY"],
-        [[r["cluster"], r["mode"], ",".join(r["work_pools"]), ",".join(n.split("/")[0] for n in r["deployments"]),
+        ["CLUSTER", "MODE", "ENGINE", "WORK POOL", "DEPLOYMENTS", "MISSING", "BLOCK", "IDENTITY"],
+        [[r["cluster"], r["mode"], r["engine"] or "-", ",".join(r["work_pools"]),
+          ",".join(n.split("/")[0] for n in r["deployments"]),
           ",".join(r["missing_deployments"]) or "-", block(r), r["identity_uid"] or "-"] for r in rows]))  # fmt: skip
 
 

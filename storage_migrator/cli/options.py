@@ -7,6 +7,7 @@ through the same access layer (storage_migrator/kube/).
 
 from __future__ import annotations
 
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -15,7 +16,15 @@ from pydantic import BaseModel
 from storage_migrator.kube.connection import connected
 from storage_migrator.settings import Settings
 
-__all__ = ["GlobalOptions", "kube_api", "settings_of"]
+__all__ = ["EngineOption", "GlobalOptions", "kube_api", "settings_of"]
+
+
+class EngineOption(StrEnum):
+    """What ``--engine`` accepts (issue 36): the values of the setting STORAGE_MIGRATOR_ENGINE."""
+
+    client = "client"
+    in_tree = "in-tree"
+    auto = "auto"
 
 
 class GlobalOptions(BaseModel):

@@ -1,7 +1,8 @@
 """``storage-migrator status``: one row per resource, like ``kubectl get``.
 
 DESIGN 4.10: current hash, persisted hashes, and the last migration's phase,
-progress, rate and ETA (storage_migrator/operations/overview.py decides each value).
+engine (issue 36), progress, rate and ETA (storage_migrator/operations/overview.py
+decides each value).
 Issue 20: of one cluster, or of every cluster with a CLUSTER column; a cluster
 that cannot be read is named on stderr, the others are still shown.
 """
@@ -23,7 +24,7 @@ from storage_migrator.operations.overview import ResourceOverview, overview, res
 
 __all__ = ["command"]
 
-HEADERS = ["RESOURCE", "CURRENT HASH", "PERSISTED HASHES", "MIGRATION", "PHASE", "PROGRESS", "RATE", "ETA"]
+HEADERS = ["RESOURCE", "CURRENT HASH", "PERSISTED HASHES", "MIGRATION", "PHASE", "ENGINE", "PROGRESS", "RATE", "ETA"]
 
 
 def duration(seconds: int) -> str:
@@ -48,7 +49,7 @@ def _table(rows: list[tuple[str, ResourceOverview]], *, clusters: bool) -> str:
     return render_table((["CLUSTER"] if clusters else []) + HEADERS, [
         ([cluster] if clusters else []) + [
             resource_name(r), r.current_hash or "-", ",".join(r.persisted_hashes) or "-", r.migration or "-",
-            r.phase or "-", _progress(r), f"{r.rate:g}/s" if r.rate is not None else "-",
+            r.phase or "-", r.engine or "-", _progress(r), f"{r.rate:g}/s" if r.rate is not None else "-",
             duration(r.eta_seconds) if r.eta_seconds is not None else "-"]
         for cluster, r in rows
     ])  # fmt: skip

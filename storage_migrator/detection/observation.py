@@ -23,6 +23,7 @@ from storage_migrator.kube.crds import CrdObservation, read_crds
 from storage_migrator.kube.discovery import DiscoveredResource, GroupVersionFailure, discover
 from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.in_tree import InTreeMigration, in_tree_version, list_in_tree
+from storage_migrator.migration.in_tree_runs import MANAGED_BY, MANAGED_BY_LABEL
 from storage_migrator.migration.requests import list_migrations
 from storage_migrator.models import StorageState, StorageVersionMigration
 from storage_migrator.settings import Settings
@@ -69,6 +70,12 @@ class Observations(BaseModel):
         return [f.group_version for f in self.discovery_failures]
 
 
+def ours(migration: InTreeMigration) -> bool:
+    """An in-tree migration one of our requests made (the in-tree engine, issue 36): our request is its
+    record (ledger, events, refinement), so detection does not count it a second time as someone else's."""
+    return migration.labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+
+
 def observe_cluster(
     api: ApiClient, settings: Settings, *, connect: Callable[[str], ApiClient] | None = None
 ) -> Observations:
@@ -84,7 +91,7 @@ def observe_cluster(
     if version is not None:
         # Served since discovery read it, else nothing: a group that is not served is no error.
         with contextlib.suppress(NotFound):
-            in_tree = list_in_tree(api, version, timeout=settings.request_timeout_seconds)
+            in_tree = [m for m in list_in_tree(api, version, timeout=settings.request_timeout_seconds) if not ours(m)]
     return Observations(
         discovered=found.resources,
         discovery_failures=list(found.failed),

@@ -19,11 +19,13 @@ from storage_migrator.fleet.names import block_of, cluster_tag, deployment_name
 
 __all__ = [
     "CLUSTER_PARAMETER",
+    "ENGINE_PARAMETER",
     "FLEET_FLOWS",
     "DeploymentSpec",
     "ScheduleSpec",
     "cluster_of",
     "default_pool",
+    "engine_of",
     "for_cluster",
     "keeping_pauses",
     "mode_of",
@@ -38,6 +40,15 @@ CLUSTER_PARAMETER = "cluster"
 _TAG_PREFIX = cluster_tag("x").removesuffix("x")
 #: The tags that say how a cluster's deployments reach it (issue 30).
 PULL_TAG, PUSH_TAG = "mode:pull", "mode:push"
+#: Issue 36: the engine `fleet add --engine` gave the cluster: a tag on every copy (`fleet list`), and the
+#: `engine` parameter of the copies whose flow takes one (migrate-resource, which every migration runs).
+ENGINE_PARAMETER = "engine"
+_ENGINE_TAG = "engine:"
+
+
+def engine_of(tags: list[str]) -> str | None:
+    """The engine a cluster's deployment was given (`fleet add --engine`); None: the workers' setting."""
+    return next((t.removeprefix(_ENGINE_TAG) for t in tags if t.startswith(_ENGINE_TAG)), None)
 
 
 def default_pool(cluster: str) -> str:
@@ -107,21 +118,25 @@ def cluster_of(tags: list[str]) -> str | None:
 
 
 def for_cluster(template: DeploymentSpec, cluster: str, *, pool: str | None = None,
-                queue: str | None = None) -> DeploymentSpec:  # fmt: skip
+                queue: str | None = None, engine: str | None = None) -> DeploymentSpec:  # fmt: skip
     """The cluster's copy of a template: its own name, the cluster as a parameter and a tag, all else the same.
 
     Schedules are the template's, active or paused as it is, each the cluster's own (a
     schedule is a deployment's; `keeping_pauses` for an update); a concurrency limit is per deployment, so each cluster
     gets its own one-at-a-time poll and dispatcher. `pool` (pull mode, issue 30): the copy's runs go to that work pool
     (its `queue`, else the pool's default queue), which only the cluster's own worker serves; push mode keeps the
-    template's pool and queue, whose workers reach the cluster through its block.
+    template's pool and queue, whose workers reach the cluster through its block. `engine` (issue 36): a tag on
+    each copy, and the parameter of those whose flow takes it; in push mode it chooses, in pull mode the runs
+    refuse it unless it is the install's (the cluster decides: flows/cluster_scope.py).
     """
     if block_of(cluster) is None:  # `default` or nothing; a name no block can have raises there
         raise ValueError(f"{cluster!r} is the environment's cluster: its deployments are the templates "
                          "themselves (flow/flow); name another cluster")  # fmt: skip
     name = deployment_name(template.flow_name, cluster).split("/", 1)[1]
-    tags = [t for t in template.tags if not t.startswith(_TAG_PREFIX) and t not in (PULL_TAG, PUSH_TAG)]
-    tags += [cluster_tag(cluster), PULL_TAG if pool else PUSH_TAG]
+    tags = [t for t in template.tags if not t.startswith((_TAG_PREFIX, _ENGINE_TAG)) and t not in (PULL_TAG, PUSH_TAG)]
+    tags += [cluster_tag(cluster), PULL_TAG if pool else PUSH_TAG, *([f"{_ENGINE_TAG}{engine}"] if engine else [])]
+    takes_engine = ENGINE_PARAMETER in (template.parameter_openapi_schema or {}).get("properties", {})
+    chosen = {ENGINE_PARAMETER: engine} if engine and takes_engine else {}
     schedules = [s.model_copy(update={"parameters": {k: v for k, v in s.parameters.items() if k != CLUSTER_PARAMETER}})
                  for s in template.schedules]  # fmt: skip
     how = (f"pull mode, work pool {pool!r}: its own worker, in the cluster, started with STORAGE_MIGRATOR_CLUSTER="
@@ -131,7 +146,8 @@ def for_cluster(template: DeploymentSpec, cluster: str, *, pool: str | None = No
     placed = {"work_pool_name": pool, "work_queue_name": queue} if pool else {}
     return template.model_copy(update={
         "name": name, "tags": tags, "schedules": schedules, "description": description,
-        "parameters": {**template.parameters, CLUSTER_PARAMETER: cluster}, **placed,
+        "parameters": {**{k: v for k, v in template.parameters.items() if k != ENGINE_PARAMETER},
+                       CLUSTER_PARAMETER: cluster, **chosen}, **placed,
     })  # fmt: skip
 
 

@@ -13,6 +13,7 @@ import logging
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Literal
 
 from storage_migrator.fleet.names import DEFAULT_CLUSTER
 from storage_migrator.ledger.records import (
@@ -75,6 +76,9 @@ class RunRecorder:
         #: Issue 19: set by a run that names a key, once the API servers' check passed (or was overridden).
         self.encryption_config_hash: str | None = None
         self.server_check: ServerCheck | None = None
+        #: Issue 36: the engine that rewrote the objects, and why when the setting alone does not say it.
+        self.engine: Literal["client", "in-tree"] = "client"
+        self.engine_note = ""
 
     @classmethod
     def begin(
@@ -139,4 +143,5 @@ class RunRecorder:
             rewritten=progress.rewritten, unchanged=progress.unchanged, gone=progress.gone,
             conflicted=progress.conflicted, failed=progress.failed, chunks=progress.chunks, passes=max(1, passes),
             encryption_config_hash=self.encryption_config_hash, server_check=self.server_check,
+            engine=self.engine, engine_note=self.engine_note[:4000] or None,
         ))  # fmt: skip

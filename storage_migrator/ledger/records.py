@@ -122,6 +122,8 @@ class RunFinished(Counted):
     passes: int = Field(default=1, ge=1)
     encryption_config_hash: str | None = Field(default=None, max_length=71)
     server_check: ServerCheck | None = None
+    engine: Literal["client", "in-tree"] | None = Field(default=None, description="Issue 36: which engine wrote.")
+    engine_note: str | None = Field(default=None, max_length=4000, description="Why that engine, when auto chose.")
 
 
 class ChunkRecord(Counted):

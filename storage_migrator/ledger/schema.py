@@ -127,6 +127,9 @@ class RunOutcomeRow(PerCluster, Counters, Base):
     encryption_config_hash: Mapped[str | None] = mapped_column(String(71), default=None)
     #: ``agreed`` (every server reported that hash) or ``overridden`` (an operator accepted the risk).
     server_check: Mapped[str | None] = mapped_column(String(16), default=None)
+    #: Issue 36 (revision r0005): ``client`` or ``in-tree`` (NULL before: client), and why when auto chose.
+    engine: Mapped[str | None] = mapped_column(String(16), default=None)
+    engine_note: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class ChunkRow(PerCluster, Counters, Base):

@@ -17,4 +17,6 @@ write budget, and records failures by name, never by content.
     pacing.py       the write budget, spent in batches
     write_share.py  a writer's share of the budget every worker shares
     outage.py       a Prefect outage: wait with the lease, go on, or give up
+    engines.py      which engine writes: ours, or kube-controller-manager's (issue 36)
+    in_tree_runs.py a run on the in-tree engine: its object, what its state means, our count
 """

@@ -15,7 +15,11 @@ row in the unit tests:
   ``finishedAt`` once finished): the average over the run, resumes included;
 - ETA = remaining / rate, only while Running and while the API server gives
   ``remainingItemCount`` (it does not for the last chunk, nor with a field or
-  label selector: unknown is shown as unknown, never as 0).
+  label selector: unknown is shown as unknown, never as 0);
+- engine (issue 36) = what the request says ran it (``migration.k8s.io/engine``,
+  written by a run whose setting is not plain ``client``), else ``client`` once it
+  started (the only engine before), else unknown. On the in-tree engine no
+  count moves while kube-controller-manager works: the phase is the progress.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from pydantic import BaseModel, Field
 
 from storage_migrator.conditions import phase_from_conditions
 from storage_migrator.migration.dispatch import finished_at
+from storage_migrator.migration.engines import ENGINE_ANNOTATION
 from storage_migrator.models import KubeTime, MigrationPhase, StorageState, StorageVersionMigration, storage_state_name
 
 __all__ = ["ResourceOverview", "overview", "resource_name"]
@@ -51,6 +56,10 @@ class ResourceOverview(BaseModel):
     finished_at: KubeTime | None = Field(description="When it succeeded or failed.")
     rate: float | None = Field(description="Objects listed per second since started_at (until finished_at).")
     eta_seconds: int | None = Field(description="Seconds left at that rate: only while Running with remaining.")
+    engine: str | None = Field(
+        default=None,
+        description="Issue 36: client or in-tree, the engine that ran (or runs) it; null before it started.",
+    )
 
 
 def _newest(migrations: Sequence[StorageVersionMigration]) -> StorageVersionMigration:
@@ -95,7 +104,13 @@ def _row(
         finished_at=finished_at(last) if last is not None else None,
         rate=round(rate, 2) if rate is not None else None,
         eta_seconds=eta,
+        engine=_engine(last) if last is not None else None,
     )
+
+
+def _engine(migration: StorageVersionMigration) -> str | None:
+    said = (migration.metadata.annotations or {}).get(ENGINE_ANNOTATION)
+    return said or ("client" if migration.status.started_at is not None else None)
 
 
 def overview(

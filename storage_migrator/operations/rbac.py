@@ -22,6 +22,19 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
   (tests/unit/operations/test_rbac.py) keeps the two equal, reading the file;
 - ``list`` on namespaces, which the ``*`` rule covers in the shipped file: the
   cluster's identity, the uid of ``kube-system`` (issue 20).
+
+Issue 36: on the in-tree engine (``engine="in-tree"``) kube-controller-manager writes,
+so each migrated resource gets ``list`` only (our baseline and our count are
+metadata-only LISTs: RBAC has no metadata-only verb, so the role can read what it
+lists, as kcm's own role can) and never ``patch`` or ``update``; plus
+``IN_TREE_RULES``, the lifecycle of the in-tree objects (get, list, create,
+delete). A resource kcm cannot migrate (migration/engines.py ``in_tree_refusal``:
+events, aggregated APIs, what its garbage collector does not watch) is refused
+when named and left out otherwise. ``engine="auto"`` is both: the client engine's
+verbs and the in-tree rules. Creating an in-tree object makes kcm rewrite (with
+no-op patches) every object of any resource: less than ``patch`` (no content
+changes, no object in the answer), more than nothing; the client engine's narrow
+role leaves it out.
 """
 
 from __future__ import annotations
@@ -35,16 +48,20 @@ from storage_migrator.detection.tracking import select_resources, track_storage
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.kube.in_tree import IN_TREE_GROUP, IN_TREE_RESOURCE
 from storage_migrator.migration.chunk_terms import WriteMode
+from storage_migrator.migration.engines import in_tree_refusal
 from storage_migrator.migration.targets import UnknownResource, resolve_target, write_mode_for
 from storage_migrator.models import GROUP, STORAGE_STATES, STORAGE_VERSION_MIGRATIONS, storage_state_name
+from storage_migrator.settings.engine import EngineSetting
 
 __all__ = [
     "DEFAULT_NAME",
     "DEFAULT_SERVICE_ACCOUNT",
     "EVERYTHING",
+    "EVERY_LIST",
     "FIXED_RULES",
     "IDENTITY_LEASE_NAMESPACE",
     "IDENTITY_LEASE_RULES",
+    "IN_TREE_RULES",
     "PolicyRule",
     "RoleManifest",
     "UnknownResource",
@@ -86,6 +103,8 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str]) -> PolicyRu
 REWRITE_VERBS: Final = ("list", "patch", "update")
 #: The shipped role's first rule: re-write every resource of every group (what the in-tree migrator has).
 EVERYTHING: Final = PolicyRule(api_groups=("*",), resources=("*",), verbs=REWRITE_VERBS)
+#: Issue 36: the in-tree variant's first rule: list every resource (our baseline and our count), write none.
+EVERY_LIST: Final = PolicyRule(api_groups=("*",), resources=("*",), verbs=("list",))
 
 #: What every worker needs whatever it migrates (deployments/rbac/storage-migrator.yaml says why each),
 #: and no more: tests/integration/test_rbac_proven.py shows each is used.
@@ -111,15 +130,24 @@ IDENTITY_LEASE_NAMESPACE: Final = "kube-system"
 #: Issue 20: which cluster a run talks to is the uid of kube-system, read by a metadata-only LIST of
 #: namespaces narrowed to it (storage_migrator/fleet/identity.py); the shipped role's ``*`` rule has it.
 CLUSTER_IDENTITY_RULES: Final[tuple[PolicyRule, ...]] = (_rule([""], ["namespaces"], ["list"]),)
+#: Issue 36: kube-controller-manager's migrations, created, watched and deleted by a run on the in-tree engine
+#: (tasks/in_tree.py); with `auto` by a run that may use either engine.
+IN_TREE_RULES: Final[tuple[PolicyRule, ...]] = (
+    _rule([IN_TREE_GROUP], [IN_TREE_RESOURCE], ["get", "list", "create", "delete"]),
+)
 
 
-def shipped_rules() -> list[PolicyRule]:
-    """The shipped role: ``EVERYTHING``, then the fixed rules it does not already grant.
+def shipped_rules(engine: EngineSetting = "client") -> list[PolicyRule]:
+    """A shipped role: ``EVERYTHING`` (``EVERY_LIST`` for the in-tree variant), then the fixed rules it does not
+    already grant, then the in-tree rules (the client role has them too: it rewrites anything already, and
+    so may run with ``auto``).
 
     RBAC's ``*`` matches subresources too, so a fixed rule whose verbs are all
-    re-write verbs would be a rule nobody needs (issue 14: removing any one rule
-    of the shipped role must make something fail)."""
-    return [EVERYTHING, *(r for r in FIXED_RULES if r.resources is None or not set(r.verbs) <= set(REWRITE_VERBS))]
+    granted by the first rule would be a rule nobody needs (issue 14: removing any
+    one rule of the shipped role must make something fail)."""
+    first = EVERY_LIST if engine == "in-tree" else EVERYTHING
+    fixed = [r for r in FIXED_RULES if r.resources is None or not set(r.verbs) <= set(first.verbs)]
+    return [first, *fixed, *IN_TREE_RULES]
 
 
 class RoleManifest(BaseModel):
@@ -132,7 +160,9 @@ class RoleManifest(BaseModel):
     )
 
 
-def _verbs(mode: WriteMode) -> tuple[str, ...]:
+def _verbs(mode: WriteMode, engine: EngineSetting) -> tuple[str, ...]:
+    if engine == "in-tree":
+        return ("list",)  # issue 36: kube-controller-manager writes; we list for our baseline and our count
     return ("list", "patch", "update") if mode == "put" else ("list", "patch")
 
 
@@ -166,12 +196,29 @@ def _discovered(
     return [(r.group, r.resource, write_mode_for(r)) for r in kept]
 
 
-def _migrated_rules(targets: Sequence[tuple[str, str, WriteMode]]) -> list[PolicyRule]:
+def _migrated_rules(targets: Sequence[tuple[str, str, WriteMode]], engine: EngineSetting) -> list[PolicyRule]:
     """One rule per (API group, verbs), sorted by group then verbs."""
     grouped: dict[tuple[str, tuple[str, ...]], set[str]] = {}
     for group, resource, mode in targets:
-        grouped.setdefault((group, _verbs(mode)), set()).add(resource)
+        grouped.setdefault((group, _verbs(mode, engine)), set()).add(resource)
     return [_rule([group], sorted(resources), list(verbs)) for (group, verbs), resources in sorted(grouped.items())]
+
+
+def _in_tree_targets(
+    discovered: Sequence[DiscoveredResource], targets: list[tuple[str, str, WriteMode]], *, named: bool,
+    aggregated_groups: frozenset[str],
+) -> tuple[list[tuple[str, str, WriteMode]], dict[str, str]]:  # fmt: skip
+    """The targets kube-controller-manager's migrator can migrate; the others refused when named, else left out."""
+    served = {(r.group, r.resource): r for r in discovered if not r.is_subresource}
+    refused = {storage_state_name(g, r): why for g, r, _ in targets
+               if (why := in_tree_refusal(served[(g, r)], aggregated_groups=aggregated_groups)) is not None}  # fmt: skip
+    if named and refused:
+        raise UnknownResource(
+            f"the in-tree engine cannot migrate {', '.join(refused)}: {'; '.join(refused.values())}. Leave them out "
+            "of --resources, or use --engine auto (the client engine migrates them, with patch on them)"
+        )
+    kept = [t for t in targets if storage_state_name(t[0], t[1]) not in refused]
+    return kept, {n: f"{why} (the in-tree engine cannot migrate it)" for n, why in refused.items()}
 
 
 def build_role(
@@ -183,15 +230,21 @@ def build_role(
     exclude: Sequence[str] = (),
     name: str = DEFAULT_NAME,
     service_account: tuple[str, str] = DEFAULT_SERVICE_ACCOUNT,
+    engine: EngineSetting = "client",
+    aggregated_groups: frozenset[str] = frozenset(),
 ) -> RoleManifest:
     """The ClusterRole for ``resources`` (or every resource detection tracks), bound to the workers.
 
     ``UnknownResource`` names every resource that cannot be granted: not served,
-    not persisted, or written only by PUT while ``allow_put`` is False.
+    not persisted, written only by PUT while ``allow_put`` is False, or (``engine``
+    in-tree) one kube-controller-manager's migrator cannot migrate.
     """
     targets = _named(discovered, resources) if resources else _discovered(discovered, include, exclude)
     left_out: dict[str, str] = {}
-    if not allow_put:
+    if engine == "in-tree":
+        targets, left_out = _in_tree_targets(discovered, targets, named=bool(resources),
+                                             aggregated_groups=aggregated_groups)  # fmt: skip
+    elif not allow_put:
         needs_put = [storage_state_name(g, r) for g, r, mode in targets if mode == "put"]
         if resources and needs_put:
             raise UnknownResource(
@@ -201,8 +254,10 @@ def build_role(
         left_out = {n: "serves no patch: needs update (PUT), left out by --no-put" for n in needs_put}
         targets = [t for t in targets if t[2] != "put"]
     namespace, account = service_account
+    engine_rules = IN_TREE_RULES if engine != "client" else ()
     role = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRole", "metadata": {"name": name},
-            "rules": [r.to_wire() for r in (*_migrated_rules(targets), *FIXED_RULES, *CLUSTER_IDENTITY_RULES)]}  # fmt: skip
+            "rules": [r.to_wire() for r in (*_migrated_rules(targets, engine), *FIXED_RULES, *CLUSTER_IDENTITY_RULES,
+                                            *engine_rules)]}  # fmt: skip
     binding = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRoleBinding", "metadata": {"name": name},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
                "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}  # fmt: skip

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from storage_migrator.settings.agreement import AgreementSettings
 from storage_migrator.settings.connection import ConnectionSettings
 from storage_migrator.settings.detection import DEFAULT_POLL_SECONDS, DetectionPollSettings
+from storage_migrator.settings.engine import EngineSetting, EngineSettings
 from storage_migrator.settings.ledger import LedgerSettings
 from storage_migrator.settings.migration import MigrationSettings
 
@@ -25,6 +26,8 @@ __all__ = [
     "AgreementSettings",
     "ConnectionSettings",
     "DetectionPollSettings",
+    "EngineSetting",
+    "EngineSettings",
     "LedgerSettings",
     "MigrationSettings",
     "Settings",
@@ -33,6 +36,7 @@ __all__ = [
 
 # Pydantic lists the fields of the last base first: connection, migration, detection ...
 class Settings(
+    EngineSettings,
     LedgerSettings,
     AgreementSettings,
     DetectionPollSettings,

@@ -86,13 +86,14 @@ def test_status_lists_each_resource_with_its_last_migration(
         "cluster": "default", "resource": "secrets", "group": "", "current_hash": "hS2",
         "persisted_hashes": ["hS1", "hS2"],
         "migration": "secrets-2", "phase": "Running", "target_hash": "hS2", "listed": 300, "remaining": 700,
-        "started_at": format_time(running_since), "finished_at": None,
+        "started_at": format_time(running_since), "finished_at": None, "engine": "client",
     }  # fmt: skip
     assert by_name[("", "configmaps")] == {
         "cluster": "default", "resource": "configmaps", "group": "", "current_hash": "hC1",
         "persisted_hashes": ["hC1"],
         "migration": "configmaps-a", "phase": "Succeeded", "target_hash": "hC1", "listed": 1000, "remaining": None,
         "started_at": format_time(started), "finished_at": format_time(done), "rate": 20.0, "eta_seconds": None,
+        "engine": "client",
     }  # fmt: skip
     jobs = by_name[("", "jobs")]
     assert (jobs["current_hash"], jobs["persisted_hashes"], jobs["migration"], jobs["phase"], jobs["rate"]) == (
@@ -112,9 +113,10 @@ def test_status_lists_each_resource_with_its_last_migration(
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["RESOURCE", "CURRENT", "HASH"]
     table = {line.split()[0]: line.split() for line in lines[1:]}
-    assert table["configmaps"] == ["configmaps", "hC1", "hC1", "configmaps-a", "Succeeded", "1000", "20/s", "-"]
-    assert table["secrets"][:6] == ["secrets", "hS2", "hS1,hS2", "secrets-2", "Running", "300/1000"]
-    assert table["widgets.example.com"] == ["widgets.example.com", "hW", "Unknown", "-", "-", "-", "-", "-"]
+    assert table["configmaps"] == ["configmaps", "hC1", "hC1", "configmaps-a", "Succeeded", "client", "1000", "20/s",
+                                   "-"]  # fmt: skip
+    assert table["secrets"][:7] == ["secrets", "hS2", "hS1,hS2", "secrets-2", "Running", "client", "300/1000"]
+    assert table["widgets.example.com"] == ["widgets.example.com", "hW", "Unknown", "-", "-", "-", "-", "-", "-"]
 
 
 def test_status_of_a_first_install(kubesim: Any, clean_slate: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -225,7 +225,7 @@ def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(
     assert listed.returncode == 0, listed.stderr
     (row,) = [r for r in json.loads(listed.stdout) if r["cluster"] == block]
     assert row == {"cluster": block, "deployments": sorted(f"{f}/{block}" for f in FLEET_FLOWS), "mode": "push",
-                   "work_pools": [POOL], "missing_deployments": [], "block": True,
+                   "engine": None, "work_pools": [POOL], "missing_deployments": [], "block": True,
                    "identity_uid": "uid-of-kube-system"}  # fmt: skip
     table = fleet_here("list")
     assert table.returncode == 0 and any(line.split()[0] == block and "uid-of-kube-system" in line
@@ -282,6 +282,15 @@ def test_a_cluster_without_a_block_is_added_in_pull_mode_on_a_pool_of_its_own(
         upgraded = fleet_here("add", name, "-o", "json")
         assert {(r["mode"], r["work_pool"], r["work_queue"]) for r in json.loads(upgraded.stdout)} == {
             ("pull", pool, "eu")}, upgraded.stdout  # fmt: skip
+        # Issue 36: the cluster's engine, on its deployments; in pull mode its install must run the same one.
+        engine = fleet_here("add", name, "--engine", "in-tree", "-o", "json")
+        assert {r["engine"] for r in json.loads(engine.stdout)} == {"in-tree"}, engine.stdout
+        assert "STORAGE_MIGRATOR_ENGINE=in-tree in its ConfigMap storage-migrator-cluster" in engine.stderr
+        assert _server("migrate-resource", name).parameters == {"cluster": name, "engine": "in-tree"}
+        assert "engine" not in _server("detect-storage-changes", name).parameters
+        fleet_here("add", name)  # an upgrade's loop keeps it
+        listed = [r for r in json.loads(fleet_here("list", "-o", "json").stdout) if r["cluster"] == name]
+        assert [r["engine"] for r in listed] == ["in-tree"]
     finally:
         _forget_cluster(name)
     # `default` is the environment's cluster: its deployments are the templates, never overwritten.

@@ -142,3 +142,27 @@ def test_server_dry_run_stores_nothing_then_apply_installs(kubesim: Kubesim, kub
     kubectl("get", "storageversionmigrations.migration.k8s.io")  # served
     role = kubectl("get", "clusterroles.rbac.authorization.k8s.io", "storage-migrator", "-o", "yaml")
     assert yaml.safe_load(role.stdout)["rules"][0]["verbs"] == ["list", "patch", "update"]
+
+
+def test_the_in_tree_component_swaps_the_role_and_sets_the_engine_in_the_cluster(
+    kubectl: Kubectl, tmp_path: Path
+) -> None:
+    """Issue 36: "the kustomize install offers it": deployments/kustomization.yaml with its `components:` lines
+    uncommented binds deployments/rbac/in-tree/'s role (no patch or update on anything migrated) and sets
+    STORAGE_MIGRATOR_ENGINE=in-tree in the ConfigMap every flow-run Job reads (the cluster decides)."""
+    import shutil
+
+    copy = tmp_path / "deployments"
+    shutil.copytree(DEPLOYMENTS, copy)
+    text = (copy / "kustomization.yaml").read_text()
+    assert "# components:\n#   - rbac/in-tree\n" in text
+    (copy / "kustomization.yaml").write_text(text.replace("# components:\n#   - rbac/in-tree\n",
+                                                          "components:\n  - rbac/in-tree\n"))  # fmt: skip
+    docs = rendered(kubectl, copy)
+    assert kinds(docs) == kinds(rendered(kubectl, DEPLOYMENTS))
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and dict(d["metadata"])["name"] == "storage-migrator"]  # type: ignore[call-overload]
+    variant = yaml.safe_load_all((DEPLOYMENTS / "rbac" / "in-tree" / "storage-migrator.yaml").read_text())
+    (wanted,) = [d for d in variant if d and d["kind"] == "ClusterRole"]
+    assert role["rules"] == wanted["rules"]
+    (cluster,) = [d for d in docs if dict(d["metadata"])["name"] == "storage-migrator-cluster"]  # type: ignore[call-overload]
+    assert cluster["data"] == {"STORAGE_MIGRATOR_ENGINE": "in-tree"}

@@ -45,9 +45,16 @@ from storage_migrator.kube.discovery import discover
 from storage_migrator.kube.endpoints import api_server_urls
 from storage_migrator.kube.errors import RBAC_FIX, Forbidden, KubeError
 from storage_migrator.kube.listing import iterate_items, list_page
+from storage_migrator.kube.reading import read_object
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.transport import request
-from storage_migrator.kube.writing import delete_object, patch_object, rewrite_with_patch, rewrite_with_put
+from storage_migrator.kube.writing import (
+    create_object,
+    delete_object,
+    patch_object,
+    rewrite_with_patch,
+    rewrite_with_put,
+)
 from storage_migrator.migration.requests import MIGRATIONS, create_migration, list_migrations, read_migration
 from storage_migrator.models import new_storage_version_migration
 from storage_migrator.settings import Settings
@@ -56,6 +63,8 @@ from tasks.dispatching import APISERVICES
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 RBAC_FILE = ROOT / "deployments" / "rbac" / "storage-migrator.yaml"
+#: Issue 36: the in-tree engine's role (kube-controller-manager writes: no patch or update on anything migrated).
+IN_TREE_FILE = ROOT / "deployments" / "rbac" / "in-tree" / "storage-migrator.yaml"
 SA_USER = "system:serviceaccount:storage-migrator:storage-migrator"
 SA_GROUPS = "system:serviceaccounts,system:serviceaccounts:storage-migrator"
 CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")
@@ -63,8 +72,8 @@ NAMESPACE = "rbac-proven"
 FAST: dict[str, Any] = {"write_rate_per_second": 2000.0}
 
 
-def shipped_role() -> dict[str, Any]:
-    (role,) = [d for d in yaml.safe_load_all(RBAC_FILE.read_text()) if d and d["kind"] == "ClusterRole"]
+def shipped_role(path: Path = RBAC_FILE) -> dict[str, Any]:
+    (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ClusterRole"]
     return role
 
 
@@ -120,6 +129,9 @@ def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RbacClust
                 metadata=k8s.V1ObjectMeta(name=f"cm-{i}"), data={"i": str(i)}))  # fmt: skip
             core.create_namespaced_secret(NAMESPACE, k8s.V1Secret(
                 metadata=k8s.V1ObjectMeta(name=f"s-{i}"), string_data={"i": str(i)}))  # fmt: skip
+        # Issue 36: the in-tree API served and kube-controller-manager's migrator running (as system:masters).
+        Admin(cluster.server.url).set_feature_gates({"StorageVersionMigrator": True})
+        Admin(cluster.server.url).set_svm_controller(gc_delay=0.2, missing_resource_grace=0.5)
         etcd = cluster.etcd()
         yield RbacCluster(cluster=cluster, admin_kubeconfig=str(admin_kubeconfig), sa_kubeconfig=str(sa_kubeconfig),
                           admin=Admin(cluster.server.url), etcd=etcd, api=api)  # fmt: skip
@@ -226,6 +238,77 @@ def test_every_flow_runs_with_only_the_shipped_role(
         assert {s.key_name for s in stored(rc, resource).values()} == {"key2"}, resource
 
 
+def test_every_flow_on_the_in_tree_engine_runs_with_only_the_in_tree_role(
+    rbac_cluster: RbacCluster, prefect_api: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36: "`storage-migrator rbac --engine in-tree [--resources ...]` prints a role with no patch or
+    update on any migrated resource ... a test proves every flow on the in-tree engine runs under it, refused
+    nothing", judged by what etcd holds; and the cluster decides: a run asking for the client engine is
+    refused its first patch. (deployments/rbac/in-tree/'s role, for every resource, is proven rule by rule
+    by the probes below.)"""
+    from flows.detect_storage_changes import detect_storage_changes
+    from flows.initialize import initialize
+    from flows.migrate_resource import migrate_resource
+    from flows.rotate_encryption_key import rotate_encryption_key
+    from flows.run_migrations import run_migrations
+    from storage_migrator.cli import main
+
+    rc, sa = rbac_cluster, rbac_cluster.sa_kubeconfig
+    printed = ["--kubeconfig", rc.admin_kubeconfig, "rbac", "--engine", "in-tree", "--resources", "secrets,configmaps"]
+    assert main([*printed, "-o", "json"]) == 0
+    items = json.loads(capsys.readouterr().out)["items"]
+    role = next(i for i in items if i["kind"] == "ClusterRole")
+    for rule in role["rules"]:
+        if set(rule.get("resources", [])) & {"secrets", "configmaps"}:
+            assert rule["verbs"] == ["list"], rule  # no patch or update on any migrated resource
+    rbac = k8s.RbacAuthorizationV1Api(rc.api)
+    lease_role, lease_binding = (next(i for i in items if i["kind"] == k) for k in ("Role", "RoleBinding"))
+    rbac.create_namespaced_role("kube-system", lease_role)
+    rbac.create_namespaced_role_binding("kube-system", lease_binding)
+    custom = k8s.CustomObjectsApi(rc.api)
+    for plural in ("storageversionmigrations", "storagestates"):  # a first install, whatever ran before here
+        custom.delete_collection_cluster_custom_object("migration.k8s.io", "v1alpha1", plural)
+    monkeypatch.setenv("STORAGE_MIGRATOR_ENGINE", "in-tree")
+    monkeypatch.setenv("STORAGE_MIGRATOR_IN_TREE_POLL_SECONDS", "0.2")
+    monkeypatch.setenv("STORAGE_MIGRATOR_INCLUDE_RESOURCES", "configmaps,secrets")
+    rc.set_role_rules(role["rules"])
+    try:
+        summary = initialize(include=["configmaps"], start_migrations=False, kubeconfig=sa)
+        assert len(summary.created) == 1, summary
+        ran = run_migrations(max_parallel=1, kubeconfig=sa)
+        assert set(ran.outcomes.values()) == {"Completed"}, ran.outcomes
+        detected = detect_storage_changes(settle_seconds=0, poll_seconds=600, start_migrations=False,
+                                          kubeconfig=sa, return_state=True)  # fmt: skip
+        assert detected.is_completed(), detected.message
+        ran = run_migrations(max_parallel=1, kubeconfig=sa)  # the secrets' request detection made
+        assert set(ran.outcomes.values()) == {"Completed"}, ran.outcomes
+
+        target = "v2" if {s.api_version for s in stored(rc, "configmaps").values()} == {"v1"} else "v1"
+        rc.admin.set_storage_version("configmaps", target)
+        state = migrate_resource(resource="configmaps", kubeconfig=sa, return_state=True)
+        assert state.is_completed(), state.message
+        assert {s.api_version for s in stored(rc, "configmaps").values()} == {target}
+
+        # key1 the write key, every key of this module readable (the other tests here may run before or after).
+        rc.admin.set_encryption(["key1", "key2", "key3"], resources=["secrets", "configmaps"])
+        rotated = rotate_encryption_key(key="key1", resources=["secrets"], kubeconfig=sa, return_state=True)
+        assert rotated.is_completed(), rotated.message
+        assert {s.key_name for s in stored(rc, "secrets").values()} == {"key1"}
+
+        refused = migrate_resource(resource="configmaps", engine="client", kubeconfig=sa, return_state=True,
+                                   **FAST)  # fmt: skip
+    finally:
+        rc.set_role_rules(copy.deepcopy(RULES))
+        rbac.delete_namespaced_role_binding(lease_binding["metadata"]["name"], "kube-system")
+        rbac.delete_namespaced_role(lease_role["metadata"]["name"], "kube-system")
+    assert refused.is_failed()
+    denied = f'cannot patch resource "configmaps" in API group "" in the namespace "{NAMESPACE}"'
+    assert denied in str(refused.message), refused.message
+    made = custom.list_cluster_custom_object("storagemigration.k8s.io", "v1", "storageversionmigrations")["items"]
+    assert {"secrets-key1", "secrets-key1-verify"} <= {
+        m["metadata"]["name"] for m in made}  # fmt: skip
+
+
 # ----- every rule is needed -------------------------------------------------------------
 @dataclass
 class Probe:
@@ -264,6 +347,19 @@ def probes(rc: RbacCluster) -> list[Probe]:
             if any(m.metadata.name == name for m in list_migrations(admin)):
                 delete_object(admin, MIGRATIONS, name=name)
 
+    def create_and_delete_in_tree(api: k8s.ApiClient) -> None:
+        """Issue 36: a run on the in-tree engine creates kube-controller-manager's migration and deletes it
+        when a gate is lost (for a resource no one serves: the controller only fails it)."""
+        ref = ResourceRef(group="storagemigration.k8s.io", version="v1", resource="storageversionmigrations")
+        body = {"apiVersion": "storagemigration.k8s.io/v1", "kind": "StorageVersionMigration",
+                "metadata": {"generateName": "rbac-probe-"},
+                "spec": {"resource": {"group": "nothing.example.com", "resource": "nothings"}}}  # fmt: skip
+        made = create_object(api, ref, body)
+        try:
+            read_object(api, ref, name=made["metadata"]["name"])
+        finally:
+            delete_object(api, ref, name=made["metadata"]["name"], uid=made["metadata"]["uid"])
+
     return [
         Probe("discovery", lambda api: discover(api)),
         Probe("/readyz", lambda api: request(api, method="GET", path="/readyz", what="GET /readyz", accept="*/*")),
@@ -296,14 +392,21 @@ def probes(rc: RbacCluster) -> list[Probe]:
         # Issue 19: which API servers exist, and the encryption configuration each one runs.
         Probe("API servers' identity Leases", lambda api: list_identity_leases(api)),
         Probe("/metrics", lambda api: read_config_samples(api, via="probe")),
+        Probe("create, read and delete an in-tree migration", create_and_delete_in_tree),
     ]
 
 
-def run_probes(rc: RbacCluster) -> list[tuple[str, KubeError]]:
+#: What a worker on the in-tree engine never does (kube-controller-manager writes): its role refuses them.
+WRITES = ("no-op patch", "PUT as read")
+
+
+def run_probes(rc: RbacCluster, *, in_tree: bool = False) -> list[tuple[str, KubeError]]:
     failures: list[tuple[str, KubeError]] = []
     api = rc.sa_api()
     try:
         for probe in probes(rc):
+            if in_tree and probe.name in WRITES:
+                continue
             try:
                 probe.call(api)
             except KubeError as exc:
@@ -354,6 +457,40 @@ def test_without_any_one_rule_something_fails_naming_the_permission(rbac_cluster
         assert isinstance(error, Forbidden), f"{name}: {error}"
         assert rule_allows(denied_attributes(error), removed), f"{name} failed for another reason: {error}"
         assert f'User "{SA_USER}" cannot ' in str(error) and RBAC_FIX in str(error)
+
+
+IN_TREE_RULES = shipped_role(IN_TREE_FILE)["rules"]
+
+
+def test_with_the_whole_in_tree_role_nothing_but_writes_is_forbidden(rbac_cluster: RbacCluster) -> None:
+    rbac_cluster.set_role_rules(copy.deepcopy(IN_TREE_RULES))
+    try:
+        assert run_probes(rbac_cluster, in_tree=True) == []
+        writes = [p for p in probes(rbac_cluster) if p.name in WRITES]
+        api = rbac_cluster.sa_api()
+        try:
+            for probe in writes:  # issue 36: "a role with no patch or update on any migrated resource"
+                with pytest.raises(Forbidden):
+                    probe.call(api)
+        finally:
+            api.close()
+    finally:
+        rbac_cluster.set_role_rules(copy.deepcopy(RULES))
+
+
+@pytest.mark.parametrize("index", range(len(IN_TREE_RULES)), ids=[describe(r) for r in IN_TREE_RULES])
+def test_without_any_one_rule_of_the_in_tree_role_something_fails(rbac_cluster: RbacCluster, index: int) -> None:
+    """deployments/rbac/in-tree/: every rule is needed, as the shipped role's (issue 14)."""
+    removed = IN_TREE_RULES[index]
+    rbac_cluster.set_role_rules([copy.deepcopy(r) for i, r in enumerate(IN_TREE_RULES) if i != index])
+    try:
+        failures = run_probes(rbac_cluster, in_tree=True)
+    finally:
+        rbac_cluster.set_role_rules(copy.deepcopy(RULES))
+    assert failures, f"nothing on the in-tree engine needs rule {describe(removed)}: drop it from {IN_TREE_FILE}"
+    for name, error in failures:
+        assert isinstance(error, Forbidden), f"{name}: {error}"
+        assert rule_allows(denied_attributes(error), removed), f"{name} failed for another reason: {error}"
 
 
 # ----- what a migration run says about a missing permission -----------------------------

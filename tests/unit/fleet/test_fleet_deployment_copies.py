@@ -12,6 +12,7 @@ from storage_migrator.fleet.deployments import (
     DeploymentSpec,
     ScheduleSpec,
     cluster_of,
+    engine_of,
     for_cluster,
     keeping_pauses,
     mode_of,
@@ -91,3 +92,19 @@ def test_a_pull_mode_copy_goes_to_the_clusters_own_pool() -> None:
                                              "work_pool_name", "work_queue_name"})  # fmt: skip
     assert copy.model_dump(exclude={"name", "parameters", "tags", "schedules", "description", "work_pool_name",
                                     "work_queue_name"}) == unchanged  # fmt: skip
+
+
+def test_an_engine_is_a_tag_of_every_copy_and_the_parameter_of_those_that_take_it() -> None:
+    """Issue 36: `fleet add NAME --engine in-tree`: shown by `fleet list` (the tag); every migration of the cluster
+    runs through its migrate-resource copy (the parameter). In pull mode its runs refuse it unless the install
+    runs the same engine (flows/cluster_scope.py): the cluster decides."""
+    migrate = TEMPLATE.model_copy(update={"flow_name": "migrate-resource", "parameters": {}, "parameter_openapi_schema":
+                                          {"properties": {"cluster": {}, "engine": {}}}})  # fmt: skip
+    copy = for_cluster(migrate, "prod-eu", engine="in-tree")
+    assert copy.parameters == {"cluster": "prod-eu", "engine": "in-tree"}
+    assert copy.tags[-1] == "engine:in-tree" and engine_of(copy.tags) == "in-tree"
+    poll = for_cluster(TEMPLATE, "prod-eu", pool="pool-eu", engine="auto")  # takes no engine: the tag only
+    assert "engine" not in poll.parameters and engine_of(poll.tags) == "auto"
+    again = for_cluster(copy, "prod-us")  # a copy of a copy carries no engine it was not given
+    assert engine_of(again.tags) is None and "engine" not in again.parameters
+    assert engine_of(for_cluster(copy, "prod-us", engine="client").tags) == "client"

@@ -80,3 +80,19 @@ def test_a_worker_whose_environment_names_a_block_is_not_in_pull_mode(monkeypatc
     own = cluster_settings(None)
     assert (own.cluster, own.cluster_config_block) == ("lab", "lab")
     assert cluster_settings("prod-eu").cluster_config_block == "prod-eu"
+
+
+def test_the_engine_is_the_installs_in_pull_mode_and_the_runs_in_push_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, "the cluster decides": in pull mode the install (its ConfigMap storage-migrator-cluster) says which
+    engine writes; a run may repeat it, never change it. In push mode the Prefect server already holds the
+    cluster's credentials: the run's parameter (`fleet add --engine` on its deployment) chooses."""
+    monkeypatch.setenv("STORAGE_MIGRATOR_ENGINE", "in-tree")
+    monkeypatch.delenv("STORAGE_MIGRATOR_CLUSTER", raising=False)
+    assert cluster_settings(None).engine == "in-tree"
+    assert cluster_settings("prod-eu", engine="client").engine == "client"
+    with pytest.raises(ValueError, match="engine"):
+        cluster_settings(None, engine="sideways")
+    monkeypatch.setenv("STORAGE_MIGRATOR_CLUSTER", "prod-eu")
+    assert cluster_settings("prod-eu", engine="in-tree").engine == "in-tree"
+    with pytest.raises(ValueError, match=r"asks for engine client.*install runs engine in-tree.*the cluster decides"):
+        cluster_settings("prod-eu", engine="client")

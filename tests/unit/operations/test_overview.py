@@ -59,7 +59,17 @@ def test_running_migration_rate_and_eta() -> None:
         "resource": "secrets", "group": "", "current_hash": "h2", "persisted_hashes": ["h1", "h2"],
         "migration": "secrets-a", "phase": "Running", "target_hash": "h2", "listed": 300, "remaining": 700,
         "started_at": "2026-11-22T11:58:20Z", "finished_at": None, "rate": 3.0, "eta_seconds": 234,
+        "engine": "client",
     }  # fmt: skip
+
+
+def test_the_engine_is_what_the_request_says_ran_it() -> None:
+    """Issue 36: status shows the engine; a request started before there were engines ran on the client one."""
+    in_tree = svm("secrets-a")
+    in_tree.metadata.annotations = {"migration.k8s.io/engine": "in-tree"}
+    assert overview([state()], [in_tree], now=NOW)[0].engine == "in-tree"
+    assert overview([state()], [svm("secrets-a", phase="Pending", started_ago=None)], now=NOW)[0].engine is None
+    assert overview([state()], [], now=NOW)[0].engine is None
 
 
 CASES = [

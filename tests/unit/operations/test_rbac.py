@@ -16,8 +16,10 @@ from kubesim.rbac_authorizer import Attributes, rule_allows
 from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.operations.rbac import (
     CLUSTER_IDENTITY_RULES,
+    EVERY_LIST,
     EVERYTHING,
     FIXED_RULES,
+    IN_TREE_RULES,
     PolicyRule,
     RoleManifest,
     UnknownResource,
@@ -26,10 +28,12 @@ from storage_migrator.operations.rbac import (
 )
 
 RBAC = Path(__file__).resolve().parents[3] / "deployments" / "rbac" / "storage-migrator.yaml"
+#: Issue 36: the in-tree engine's variant (kube-controller-manager writes).
+IN_TREE_RBAC = RBAC.parent / "in-tree" / "storage-migrator.yaml"
 
 
-def cluster_role() -> dict[str, Any]:
-    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+def cluster_role(path: Path = RBAC) -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     return role
 
@@ -135,7 +139,58 @@ def test_the_shipped_files_rules_are_the_functions() -> None:
     assert (
         shipped[0] == EVERYTHING == PolicyRule(api_groups=("*",), resources=("*",), verbs=("list", "patch", "update"))
     )
-    assert set(shipped[1:]) < set(FIXED_RULES)
+    assert set(shipped[1:-1]) < set(FIXED_RULES) and shipped[-1:] == list(IN_TREE_RULES)
+
+
+def test_the_in_tree_variant_writes_nothing_migrated_and_is_the_function() -> None:
+    """Issue 36: "`storage-migrator rbac --engine in-tree` prints a role with no patch or update on any
+    migrated resource. The kustomize install offers it" (deployments/rbac/in-tree/)."""
+    variant = [PolicyRule.model_validate(r) for r in cluster_role(IN_TREE_RBAC)["rules"]]
+    assert variant == shipped_rules("in-tree")
+    assert variant[0] == EVERY_LIST == PolicyRule(api_groups=("*",), resources=("*",), verbs=("list",))
+    role = cluster_role(IN_TREE_RBAC)
+    for verb in ("patch", "update", "get", "create", "delete"):
+        for group, resource in (("", "secrets"), ("apps", "deployments"), ("example.com", "widgets")):
+            name, _, sub = resource.partition("/")
+            attrs = Attributes(user=UserInfo("u"), verb=verb, path="", resource_request=True, api_group=group,
+                               resource=name, subresource=sub)  # fmt: skip
+            assert not any(rule_allows(attrs, r) for r in role["rules"]), (verb, group, resource)
+    assert ({"get", "create", "delete"} <= set(next(r for r in role["rules"] if r.get("apiGroups") ==
+                                                    ["storagemigration.k8s.io"])["verbs"]))  # fmt: skip
+    # The rest of the file is the shipped one's: the same Namespace, ServiceAccount and binding.
+    same = [d for d in yaml.safe_load_all(RBAC.read_text()) if d and d["kind"] != "ClusterRole"]
+    assert same == [d for d in yaml.safe_load_all(IN_TREE_RBAC.read_text()) if d and d["kind"] != "ClusterRole"]
+
+
+#: What kube-apiserver serves for these (kcm's migrator needs list, watch, delete, update and patch).
+ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+SERVED_IN_FULL = [
+    _served("", "secrets", "Secret", ALL_VERBS),
+    _served("", "configmaps", "ConfigMap", ALL_VERBS),
+    _served("", "events", "Event", ALL_VERBS),
+    _served("apps", "deployments", "Deployment", ALL_VERBS),
+    _served("example.com", "gadgets", "Gadget", ("get", "list", "update")),
+]
+
+
+def test_the_in_tree_role_lists_what_it_migrates_and_refuses_what_kcm_cannot() -> None:
+    built = build_role(SERVED_IN_FULL, resources=["secrets", "configmaps"], engine="in-tree")
+    role = built.manifest["items"][0]
+    assert role["rules"][0] == {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": ["list"]}
+    assert role["rules"][-1] == IN_TREE_RULES[0].to_wire()
+    with pytest.raises(UnknownResource, match=r"the in-tree engine cannot migrate events: .*--engine auto"):
+        build_role(SERVED_IN_FULL, resources=["secrets", "events"], engine="in-tree")
+    every = build_role(SERVED_IN_FULL, engine="in-tree", aggregated_groups=frozenset({"apps"}))
+    assert every.resources == ["configmaps", "secrets"]
+    assert "aggregated" in every.left_out["deployments.apps"] and "garbage collector" in every.left_out["events"]
+    assert "gadgets.example.com" in every.left_out  # serves no delete, watch nor patch
+    assert not any({"patch", "update"} & set(r["verbs"]) for r in every.manifest["items"][0]["rules"]
+                   if set(r.get("apiGroups", [])) & {"", "apps", "example.com"})  # fmt: skip
+    # auto: the client engine's verbs, and the in-tree objects' lifecycle too; client: not the latter.
+    auto = build_role(SERVED_IN_FULL, resources=["secrets"], engine="auto").manifest["items"][0]["rules"]
+    assert auto[0]["verbs"] == ["list", "patch"] and auto[-1] == IN_TREE_RULES[0].to_wire()
+    client = build_role(SERVED_IN_FULL, resources=["secrets"]).manifest["items"][0]["rules"]
+    assert IN_TREE_RULES[0].to_wire() not in client
 
 
 def test_a_key_rotation_role_lists_and_patches_secrets_and_configmaps_only() -> None:

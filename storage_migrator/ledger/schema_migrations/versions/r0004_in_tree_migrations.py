@@ -8,7 +8,7 @@ poll's row for the same phase is dropped (INSERT ... ON CONFLICT DO NOTHING).
 
 Revision ID: r0004
 Revises: r0003
-Create Date: 2026-12-02 10:00:00
+Create Date: 2026-11-29 04:00:00
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def test_fleet_add_copies_every_template_for_the_cluster_and_again_updates_them(
     table = fleet_here("add", block)
     assert table.returncode == 0, table.stderr
     (row,) = [line.split() for line in table.stdout.splitlines() if line.startswith(f"detect-storage-changes/{block} ")]
-    assert row[1:] == ["updated", "push", POOL, "every", "600s", "1", "CANCEL_NEW"]
+    assert row[1:] == ["updated", "push", "-", POOL, "every", "600s", "1", "CANCEL_NEW"]  # "-": no engine given
 
 
 def test_fleet_list_shows_the_cluster_and_remove_keeps_its_block_and_identity(

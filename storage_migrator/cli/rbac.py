@@ -60,7 +60,7 @@ def command(
 ) -> None:
     """Print a ClusterRole (and its binding) for exactly the resources to migrate, for kubectl apply -f -.
 
-    Also a Role (and binding) in kube-system: list the API servers' identity Leases, which a key rotation needs to know every server (issue 19).
+    Also a Role (and binding) in kube-system: list the API servers' identity Leases, which a key rotation needs to know every server (issue 19); and a Role (and binding) in the install's namespace (STORAGE_MIGRATOR_NAMESPACE, default storage-migrator): the runs' writer Leases, the write budget and the one-writer lock of each request (issue 37).
 
     list and patch on each resource (update only where it serves no patch, never with --no-put), plus the fixed rules of deployments/rbac/storage-migrator.yaml for the migrator's own API, CRDs, APIServices, StorageVersions, EndpointSlices, discovery and /metrics. Reads discovery; writes nothing. Exit codes: 0 done; 1 a resource cannot be granted (named on stderr) or the cluster could not be read; 2 a usage error.
     """
@@ -71,7 +71,7 @@ def command(
     try:
         built = build_role(found.resources, resources=_names(resources), allow_put=not no_put,
                            include=settings.include_resources, exclude=settings.exclude_resources,
-                           name=name, service_account=account)  # fmt: skip
+                           name=name, service_account=account, namespace=settings.namespace)  # fmt: skip
     except UnknownResource as exc:
         print(f"storage-migrator: {exc}", file=sys.stderr)
         raise typer.Exit(1) from exc

@@ -269,13 +269,11 @@ def _write_all(
     *,
     last_try: bool = False,
 ) -> list[_Settled | None]:
-    """Write `items` on the pool (the shared budget taken here, a batch at a time)."""
+    """Write `items` on the pool, each write paced by `pace` on its writing thread."""
     futures = []
-    for i, item in enumerate(items):
+    for item in items:
         if stop.is_set():
             break
-        if i % pace.batch == 0:
-            pace.admit(min(pace.batch, len(items) - i))
         futures.append(pool.submit(_write_one, ctx, page, item, pace.before_write, stop, last_try=last_try))
     errors = [f.exception() for f in futures]
     aborted = next((e for e in errors if isinstance(e, MigrationAborted)), None)
@@ -300,8 +298,9 @@ def migrate_chunk(
 ) -> ChunkResult:
     """LIST one page from `continue_token` and settle every item in it.
 
-    The shared write budget is taken here, on the caller's thread, a batch at a
-    time before the batch's writes are queued; the writing threads only pace.
+    Each write waits for `pacer` on its writing thread (the run's share of the
+    write budget: storage_migrator/migration/request_lease.py), which may also stop
+    the chunk (a run that lost its request raises there, before its next write).
     Objects that fail are tried once more, after `/readyz` answers 200, before
     the result is returned (so a checkpoint never passes an object that a
     settling server failed). `trouble` may be shared across chunks (default: a

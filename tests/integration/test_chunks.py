@@ -911,9 +911,10 @@ def test_uid_guard_is_a_conflict_at_the_api(api: ApiClient, record: MigrationRec
 def test_a_run_taken_over_stops_before_it_writes_the_request_again(
     api: ApiClient, kubesim: Any, tmp_path: Path, record: MigrationRecord
 ) -> None:
-    """Issue 31: "A run whose process is alive but whose Prefect run is Failed or Crashed is
-    resumed by the next dispatch." The resumed run claims the request; the old one, still alive,
-    must not overwrite the new run's checkpoint (seed 003: one run at a time per resource)."""
+    """Issue 37: "A taken-over run writes no object after it learns of the takeover": a run takes
+    a request over once the old run's Lease expired (tests/integration/test_write_budget.py) and
+    claims it; the old one, still alive, must not overwrite the new run's checkpoint (seed 003:
+    one run at a time per resource)."""
     old = MigrationRecord.open(api, name=record.name, uid=record.uid, owner="run-old", claiming=True)
     old.claim()
     old.start(now=datetime.now(UTC), target_hash=None, message="migrating")
@@ -932,7 +933,7 @@ def test_a_run_taken_over_stops_before_it_writes_the_request_again(
 
     for write in (
         lambda: old.save(token="old-3", progress=MigrationProgress(chunks=3), failures=[], now=datetime.now(UTC)),
-        lambda: old.hold(now=datetime.now(UTC), reason="WaitingForPrefect", message="waiting"),
+        lambda: old.restart_pass(now=datetime.now(UTC), reason="StorageVersionChanged", message="again"),
         lambda: old.finish(succeeded=True, now=datetime.now(UTC), reason="Completed", message="done"),
         lambda: MigrationRecord.open(api, name=record.name, uid=record.uid, owner="run-old"),
     ):

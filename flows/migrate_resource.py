@@ -41,7 +41,7 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed
 from pydantic import BaseModel, Field
 
-from flows.best_effort import best_effort, reported_end
+from flows.best_effort import ProgressBar, best_effort, reported_end
 from flows.cluster_scope import cluster_settings, entered_cluster
 from flows.events import delivered_events, emit_migration
 from flows.run_logs import our_logs_in_the_run
@@ -200,7 +200,7 @@ def _migrate_passes(
     share: WriteShare,
     run: Passes,
     baseline: StorageVersionObservation | None,
-    artifact: UUID | None,
+    bar: ProgressBar | None,
     rec: RunRecorder,
 ) -> None:
     """Chunk after chunk until the LIST is complete, asking after each checkpoint
@@ -222,9 +222,8 @@ def _migrate_passes(
                                   failures=run.failures)  # fmt: skip
         asked = check_agreement.submit(settings, handle)
         heard = observe_configs.submit(settings) if handle.encryption_key else None
-        if artifact is not None and time.monotonic() - shown >= ARTIFACT_SECONDS:
-            with best_effort("the progress artifact"):
-                update_progress_artifact(artifact_id=artifact, progress=_percent(run.progress))
+        if bar is not None and time.monotonic() - shown >= ARTIFACT_SECONDS:
+            bar.show(_percent(run.progress))  # issue 37: a thread of its own shows it; never waited on
             shown = time.monotonic()
         saved.result()
         rec.chunk(chunk, duration_seconds=time.monotonic() - began, progress=run.progress)
@@ -411,11 +410,12 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder,
                                                        description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token,
                  config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
+    bar = ProgressBar(artifact) if artifact is not None else None
     try:
         # The write budget (issue 37): the run counts among the cluster's writers while its chunks
         # write. The one seam an engine that is not bound by our budget leaves out.
         with write_share(settings, lease) as share:
-            _migrate_passes(settings, handle, share, run, baseline, artifact, rec)
+            _migrate_passes(settings, handle, share, run, baseline, bar, rec)
     except MigrationCancelled as exc:
         logger.warning("%s", exc)
         _emit("cancelled", handle, run.progress, str(exc))
@@ -424,6 +424,9 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder,
     except MigrationAborted as exc:
         logger.warning("%s: %s", handle.name, exc.message)
         return _fail(settings, handle, rec, run.progress, reason=exc.reason, message=exc.message, passes=run.passes)
+    finally:
+        if bar is not None:
+            bar.close()
     progress = run.progress
     if artifact is not None:
         with best_effort("the progress artifact"):

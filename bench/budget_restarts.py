@@ -12,8 +12,10 @@ re-encoded), judged by kubesim's record of the PATCHes it received (`Admin.timel
   8 s of writes (and 8 s after the last restart), the Prefect server is SIGKILLed (as when its
   node dies), kept down `--down-seconds`, and started again on the same port and database.
   Reported: the run ratio and the most in 10 s, the writes per second while the server was
-  down (against the same run's before the first kill), and the flow run's final state as the
-  server records it at the end (the run reports its end once the server answers).
+  down and while it started again (`prefect server start` takes 10-40 s of CPU on 2 cores,
+  which the run and kubesim share), against the same run's before the first kill, and the
+  flow run's final state as the server records it at the end (the run reports its end once
+  the server answers).
 - kill: two migrations on the one budget; once both have written 8 s, one's process is
   SIGKILLed mid-chunk. Its Lease says it writes until it expires (15 s), so the other keeps
   its half share until then. Reported: the seconds from the kill until the other writes at
@@ -93,31 +95,37 @@ def flow_run_of(kubeconfig: Path, i: int, context: str | None = None) -> str | N
 
 def restarts_case(stack: PrefectStack, kubeconfig: Path, admin: Admin, k: int, args: argparse.Namespace,
                   work: Path) -> dict[str, Any]:  # fmt: skip
-    fill(kubeconfig, 0, round(args.rate * args.seconds))
+    # Long enough to write through every outage: 8 s of writes before each kill, the outage, the restart.
+    fill(kubeconfig, 0, round(args.rate * max(args.seconds, 10 + k * (args.down_seconds + 45))))
     forked = Forked(stack, [run_spec(kubeconfig, 0, args.rate, work)], work)
     time.sleep(3)
     since = int(forked.go() * 10)
-    outages: list[tuple[float, float]] = []
+    outages: list[tuple[float, float, float]] = []  # killed, started again, answering
     for _ in range(k):
-        wait_writes(admin, [resource(0)], max(since, int(outages[-1][1] * 10)) if outages else since, 8)
+        wait_writes(admin, [resource(0)], max(since, int(outages[-1][2] * 10)) if outages else since, 8)
         stack.kill_server()
         down = time.time()
         time.sleep(args.down_seconds)
+        restarting = time.time()
         stack.start_server()
-        outages.append((down, time.time()))
+        outages.append((down, restarting, time.time()))
     codes = forked.wait(timeout=args.seconds * 10 + 600)
     per = per_tenth(admin, [resource(0)], since=since)
     case = judge(args.rate, 1, per)
     first = min(per) / 10
     before_end = outages[0][0] if outages else max(per) / 10
     before = sum(n for t, n in per.items() if t < before_end * 10) / max(0.1, before_end - first)
-    while_down = [sum(n for t, n in per.items() if (d + 1) * 10 <= t < u * 10) / max(0.1, u - d - 1)
-                  for d, u in outages]  # fmt: skip
+    # Down: from a second after the kill until the server is started again. Restarting: while `prefect
+    # server start` boots (10-40 s of CPU on these 2 cores, which the run and kubesim share).
+    while_down = [sum(n for t, n in per.items() if (d + 1) * 10 <= t < r * 10) / max(0.1, r - d - 1)
+                  for d, r, _ in outages]  # fmt: skip
+    restarting = [sum(n for t, n in per.items() if r * 10 <= t < u * 10) / max(0.1, u - r) for _, r, u in outages]
     run_id = flow_run_of(kubeconfig, 0)
     state = stack.api(f"/flow_runs/{run_id}")["state"]["type"] if run_id else None
     return {"restarts": k, "run_ratio": round(case.run_ratio, 3), "max_10s": round(case.max_window_ratio, 3),
             "writes_per_s_before": round(before, 1), "writes_per_s_while_down": [round(w, 1) for w in while_down],
-            "down_then_answering_s": [round(u - d, 1) for d, u in outages], "exit": codes[0],
+            "writes_per_s_while_restarting": [round(w, 1) for w in restarting],
+            "down_then_restarting_s": [(round(r - d, 1), round(u - r, 1)) for d, r, u in outages], "exit": codes[0],
             "flow_run_state": state}  # fmt: skip
 
 
@@ -185,8 +193,13 @@ def takeover_case(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         last_old = max(per_tenth(admins["kubesim-1"], [resource(0)], since=since)) / 10
         old_log = (tmp / "old" / "flow-0.log").read_text()
         final = next((line for line in old_log.splitlines() if line.startswith("final state:")), "")
+        learned = next((line[:12] for line in old_log.splitlines() if "was taken over" in line and line[:2].isdigit()),
+                       None)  # fmt: skip
+        day = datetime.fromtimestamp(resumed).strftime("%Y-%m-%d ")
+        knew = datetime.strptime(day + learned, "%Y-%m-%d %H:%M:%S.%f").timestamp() - resumed if learned else None
         return {"stopped_s": round(resumed - stopped, 1), "lease_expired_after_s": round(expired - stopped, 1),
                 "new_run_first_write_after_takeover_s": round(taken - expired, 1),
+                "old_learned_after_sigcont_s": None if knew is None else round(knew, 2),
                 "old_writes_after_sigcont": sum(late.values()),
                 "old_last_write_from_takeover_s": round(last_old - taken, 1),
                 "old_last_write_from_sigcont_s": round(last_old - resumed, 1) if late else None,

@@ -20,6 +20,11 @@ next dispatcher. Before resuming a request it did not start, the dispatcher
 marks the dead runs it finds for it (by their `migration:<name>` tag) the same
 way, so that the history does not show them Running.
 
+Issue 37: which requests a live run holds is their writer Leases' (`read-writer-leases`,
+`write_budget.holders`), read each round with the requests: a Running request whose Lease
+has expired (its run died, whatever Prefect shows of it) is resumed at once, one whose Lease
+is live is never started beside its holder.
+
 When one of them succeeded, the run ends with one detection poll (issue 10), so
 the StorageState of a migrated resource is refined at once instead of at the
 next scheduled poll. The poll starts nothing, and its failure is only a warning:

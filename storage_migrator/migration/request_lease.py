@@ -92,8 +92,6 @@ class RequestLease:
         self._api = connect()
         self._write_lock = threading.Lock()
         self._resource_version = ""
-        self._acquired = wall()
-        self._transitions = 0
         #: the monotonic time the last successful write of the Lease was sent (its renewal)
         self._renewed_sent: float | None = None
         #: the rate the run wants its Lease to say (None: not writing), and the one it says
@@ -128,10 +126,9 @@ class RequestLease:
             if claim.action == "refuse":
                 raise RequestHeld(claim.message, holder=claim.holder, until=claim.until)
             sent, now = self._clock(), self._wall()
-            self._acquired = now
-            self._transitions = 0 if current is None else current.transitions + 1
+            transitions = 0 if current is None else current.transitions + 1
             body = lease_body(namespace=self.namespace, request=self.request, holder=self.holder, acquired=now,
-                              renewed=now, transitions=self._transitions, writes_per_second=None,
+                              renewed=now, transitions=transitions, writes_per_second=None,
                               resource_version=None if current is None else current.resource_version)  # fmt: skip
             try:
                 # Issue 37: a take-over is an update of the expired Lease with the resourceVersion read.
@@ -220,7 +217,10 @@ class RequestLease:
         """After a 409 or 404 on our own Lease: ours still (a write whose answer we missed), or lost."""
         current = self._own(list_writer_leases(self._api, namespace=self.namespace, timeout=REQUEST_TIMEOUT_SECONDS))
         if current is None:
-            self._lose(f"its Lease {self.name} is gone (another run found it expired and deleted it)")
+            self._lose(
+                f"its Lease {self.name} is gone (another run found it expired and deleted it, or took the "
+                "request over and has finished)"
+            )
         elif current.holder != self.holder:
             self._lose(f"its Lease {self.name} is held by {current.holder}")
         else:
@@ -238,7 +238,14 @@ class RequestLease:
         view = count_writers(leases, now=self._wall(), own=self.name, holder=self.holder)
         if view.lost:
             current = self._own(leases)
-            self._lose(f"its Lease {self.name} is " + ("gone" if current is None else f"held by {current.holder}"))
+            self._lose(
+                f"its Lease {self.name} is "
+                + (
+                    "gone (another run found it expired and deleted it, or took the request over and has finished)"
+                    if current is None
+                    else f"held by {current.holder}"
+                )
+            )
             return None
         for expired in view.expired:
             try:  # issue 37: "An expired Lease counts for nothing, and whoever sees it deletes it."

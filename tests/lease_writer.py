@@ -67,6 +67,8 @@ def main(kubeconfig: str, request: str, namespace: str, rate: float, seconds: fl
                 versions[name] = done.new_resource_version
             except (Conflict, NotFound):
                 pass
+            finally:
+                pacer.after_write()
             with lock:
                 state["writes"] += 1
 

@@ -200,7 +200,7 @@ def _write_one(
     ctx: _Context,
     page: ListPage,
     item: dict[str, Any],
-    before_write: Callable[[], None],
+    pacer: Pacer,
     stop: threading.Event,
     *,
     last_try: bool = False,
@@ -219,18 +219,21 @@ def _write_one(
     while True:
         if stop.is_set():
             return None
-        before_write()
+        pacer.before_write()
         try:
             result: WriteResult
-            if options.write_mode == "patch":
-                result = rewrite_with_patch(
-                    ctx.api, ref, name=name, namespace=namespace,
-                    resource_version=str(meta.get("resourceVersion", "")), timeout=options.request_timeout_seconds,
-                )  # fmt: skip
-            else:
-                result = rewrite_with_put(
-                    ctx.api, ref, body=_put_body(page, item, ref), timeout=options.request_timeout_seconds
-                )
+            try:
+                if options.write_mode == "patch":
+                    result = rewrite_with_patch(
+                        ctx.api, ref, name=name, namespace=namespace,
+                        resource_version=str(meta.get("resourceVersion", "")), timeout=options.request_timeout_seconds,
+                    )  # fmt: skip
+                else:
+                    result = rewrite_with_put(
+                        ctx.api, ref, body=_put_body(page, item, ref), timeout=options.request_timeout_seconds
+                    )
+            finally:
+                pacer.after_write()  # the answer is in (or none will come): the budget counts it from now
             return _Settled("rewritten" if result.rewritten else "unchanged", size=result.response_bytes)
         except NotFound:
             return _Settled("gone")  # deleted since the LIST: nothing to migrate
@@ -274,7 +277,7 @@ def _write_all(
     for item in items:
         if stop.is_set():
             break
-        futures.append(pool.submit(_write_one, ctx, page, item, pace.before_write, stop, last_try=last_try))
+        futures.append(pool.submit(_write_one, ctx, page, item, pace, stop, last_try=last_try))
     errors = [f.exception() for f in futures]
     aborted = next((e for e in errors if isinstance(e, MigrationAborted)), None)
     if aborted is not None:

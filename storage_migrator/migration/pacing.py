@@ -1,7 +1,10 @@
 """Pacing writes: a token bucket, and what the chunk loop asks before each write.
 
-Design decision (DESIGN 4.5; issue 37): the chunk loop knows one thing about the budget,
-`Pacer.before_write`, called by each writing thread before each write (retries included).
+Design decision (DESIGN 4.5; issue 37): the chunk loop knows two things about the budget,
+`Pacer.before_write`, called by each writing thread before each write (retries included),
+and `Pacer.after_write`, once its answer is in (or the request failed): a write counts in
+the budget's window from its answer, the latest it can have reached the API server, so that
+writes let go on time but sent late by a loaded client never arrive bunched beyond it.
 The run's share of the budget every writer in the cluster shares is
 `request_lease.LeasePacer` (its request's Lease, write_budget.py's rule); `LocalPacer`
 paces one run alone; `NoPacing` is for tests and benchmarks of raw speed.
@@ -55,15 +58,21 @@ class LocalRateLimiter:
 
 
 class Pacer(Protocol):
-    """What the chunk loop needs: block until the next write may go out (or raise to stop the chunk)."""
+    """What the chunk loop needs: block until the next write may go out (or raise to stop the
+    chunk), and hear when its answer is in."""
 
     def before_write(self) -> None: ...
+
+    def after_write(self) -> None: ...
 
 
 class NoPacing:
     """No budget and no pacing (tests, benchmarks of raw speed)."""
 
     def before_write(self) -> None:
+        return None
+
+    def after_write(self) -> None:
         return None
 
 
@@ -75,3 +84,6 @@ class LocalPacer:
 
     def before_write(self) -> None:
         self._limiter.acquire()
+
+    def after_write(self) -> None:
+        return None

@@ -348,3 +348,7 @@ class LeasePacer:
             time.sleep(0.1)
         self._local.acquire()
         self.check()
+
+    def after_write(self) -> None:
+        if self._local is None:
+            self._lease.limiter.answered()

@@ -115,7 +115,8 @@ class WindowedLimiter:
     """Paces one writer at its share (see the module docstring). Thread-safe; sleeps outside the lock.
 
     `acquire` blocks until the view is fresh, the bucket holds a write, and the
-    last window holds fewer writes than the pace allowed over it plus one.
+    last window holds fewer writes than the pace allowed over it plus one (a write
+    counting from its answer, `answered`, and as now until then).
     """
 
     def __init__(
@@ -141,7 +142,10 @@ class WindowedLimiter:
         self._joining: dict[str, float] = {}
         #: when the views began to say "one writer" without a gap longer than max_age
         self._alone_since: float | None = None
-        self._writes: deque[float] = deque()
+        #: when the answers of this writer's writes came (the window counts them from then), and
+        #: how many writes were let go whose answer has not come yet (counted as now)
+        self._answered: deque[float] = deque()
+        self._in_flight = 0
         #: the pace over the last window: (start, end, writes per second)
         self._paced: deque[tuple[float, float, float]] = deque()
         self._tokens = 1.0
@@ -254,16 +258,26 @@ class WindowedLimiter:
         pace = self._pace_at(now)
         if pace <= 0:
             return min(0.05, self.max_age)  # stale: wait for the next read (DESIGN 4.5)
-        while self._writes and self._writes[0] <= now - self.window:
-            self._writes.popleft()
-        if len(self._writes) >= self._allowed(now):
-            # the window's count leaves room as its oldest write leaves it, or as the pace adds up
-            return min(self._writes[0] + self.window - now + 1e-6, 1.0 / pace)
+        while self._answered and self._answered[0] <= now - self.window:
+            self._answered.popleft()
+        if len(self._answered) + self._in_flight >= self._allowed(now):
+            # the window's count leaves room as its oldest write leaves it, an answer comes, or the pace adds up
+            oldest = self._answered[0] + self.window - now + 1e-6 if self._answered else 1.0 / pace
+            return min(oldest, 1.0 / pace)
         if self._tokens < 1.0:
             return (1.0 - self._tokens) / pace
         self._tokens -= 1.0
-        self._writes.append(now)
+        self._in_flight += 1
         return 0.0
+
+    def answered(self) -> None:
+        """A write let go by `acquire` has its answer (or failed): from now on it counts in the window
+        as of now. A write arrives at the API server between its release and its answer, so counting
+        it from its answer, and until then as now, holds every window of arrivals to the count,
+        however late a loaded client sends what it let go on time."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._answered.append(self._clock())
 
     def acquire(self, give_up: Callable[[], BaseException | None] | None = None) -> None:
         """Block until a write may go out. `give_up` is asked before each wait: what it

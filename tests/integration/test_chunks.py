@@ -112,6 +112,9 @@ class HookPacer:
     def before_write(self) -> None:
         self.hook()
 
+    def after_write(self) -> None:
+        return None
+
 
 @dataclass
 class Run:

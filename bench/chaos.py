@@ -135,7 +135,11 @@ def stand(work: Path, objects: int, size: int, **kubesim_options: Any) -> Iterat
         kubesim.start()
         wait_ready(kubesim.url, kubesim.ca_pem)
         k = ["kubectl", "--kubeconfig", kubesim.kubeconfig]
-        subprocess.run([*k, "apply", "-f", str(REPO / "deployments" / "crds")], check=True, capture_output=True)
+        subprocess.run(
+            [*k, "apply", "-f", str(REPO / "deployments" / "crds"), "-f", str(REPO / "deployments" / "rbac")],
+            check=True,
+            capture_output=True,
+        )
         subprocess.run([*k, "create", "namespace", NAMESPACE], check=True, capture_output=True)
         api = api_client_from_settings(Settings(kubeconfig=Path(kubesim.kubeconfig), request_timeout_seconds=30))
         rate = seed(store, objects, size)

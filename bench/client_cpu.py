@@ -152,7 +152,7 @@ def cluster(args: argparse.Namespace) -> Iterator[tuple[str, Admin | None]]:
 
 def install_crds(kubeconfig: str, api: Any) -> None:
     """`deployments/crds/` (the flow checkpoints in a StorageVersionMigration), applied and served."""
-    subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "apply", "-f", str(REPO / "deployments" / "crds")],
+    subprocess.run(["kubectl", "--kubeconfig", kubeconfig, "apply", "-f", str(REPO / "deployments" / "crds"), "-f", str(REPO / "deployments" / "rbac")],
                    check=True, capture_output=True)  # fmt: skip
     migrations = ResourceRef(group="migration.k8s.io", version="v1alpha1", resource="storageversionmigrations")
     for _ in range(300):

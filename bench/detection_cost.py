@@ -117,7 +117,11 @@ def main() -> None:
         kubesim.start()
         stack.start_server()
         kubectl = ["kubectl", "--kubeconfig", str(kubesim.kubeconfig)]
-        subprocess.run([*kubectl, "apply", "-f", str(REPO / "deployments" / "crds")], check=True, capture_output=True)
+        subprocess.run(
+            [*kubectl, "apply", "-f", str(REPO / "deployments" / "crds"), "-f", str(REPO / "deployments" / "rbac")],
+            check=True,
+            capture_output=True,
+        )
         have = 0
         for n in counts:
             add_crds(kubectl, have, n, work)

@@ -21,14 +21,16 @@ tenth of a second of its clock (`GET /_kubesim/timeline`), not the flows' report
 The cases:
 
 - alone (baseline): cluster A alone, its block named: what one cluster gets;
-- fleet: A and B at once, each its block, so each its limit `storage-migrator-writes-<block>`;
+- fleet: A and B at once, each its block (each cluster's writer Leases are its own, issue 37);
 - ceiling (what the machine allows): A and B at once, each its block, no budget (the
   shared budget off and `write_rate_per_second=10^6`): the objects/s two clusters at once
   reach on this machine, as a ratio to the budget; above 1.00 by far, the machine is not
   what keeps the fleet under its budget;
-- one budget (control, `--no-control` skips it): A and B at once as the environment's
-  cluster (`STORAGE_MIGRATOR_KUBECONFIG`, no block), so both in `storage-migrator-writes`,
-  as before issue 20: what a budget that is NOT independent looks like here (about 0.5 each).
+- one budget (`--no-control` skips it): A and B at once as the environment's cluster
+  (`STORAGE_MIGRATOR_KUBECONFIG`, no block): two installs without cluster names. Before issue
+  37 both shared the Prefect server's `storage-migrator-writes` and got about 0.5 each (the
+  control of a budget that is NOT independent); since, the budget is counted by Leases in
+  each cluster, and each gets its whole budget as in "fleet".
 
     uv run python -m bench.fleet_budget [--rate 100] [--seconds 60] [--repeat 1] [--no-control]
 """
@@ -53,7 +55,6 @@ from kubesim.admin import Admin
 CLUSTERS = ("a", "b")
 BLOCKS = {"a": "fleet-bench-a", "b": "fleet-bench-b"}
 NAMESPACE = "bench"
-BUDGET_LIMIT = "storage-migrator-writes"
 WINDOW = 100  # tenths of a second: the promise's 10 s
 UNBUDGETED = 1e6  # writes/s of the ceiling case: no pacing to speak of
 
@@ -132,7 +133,7 @@ def run_case(stack: PrefectStack, sims: dict[str, KubesimProcess], case: str, ra
                "STORAGE_MIGRATOR_DATABASE_URL": f"sqlite:///{stack.home / f'ledger-{c}.db'}"}  # fmt: skip
         env.pop("STORAGE_MIGRATOR_KUBECONFIG", None)
         cluster = BLOCKS[c]
-        if case == "one budget":  # the environment's cluster: the one limit of before issue 20
+        if case == "one budget":  # the environment's cluster: before issue 37, the server's one limit
             env["STORAGE_MIGRATOR_KUBECONFIG"], cluster = sims[c].kubeconfig, ""
         with open(run / f"flow-{c}.log", "wb") as log:
             pace = UNBUDGETED if case == "ceiling" else rate
@@ -160,7 +161,11 @@ def run_case(stack: PrefectStack, sims: dict[str, KubesimProcess], case: str, ra
 def install_crds(kubeconfig: str) -> None:
     """Our CRDs (the migrations' requests), served before returning."""
     kubectl = ["kubectl", "--kubeconfig", kubeconfig]
-    subprocess.run([*kubectl, "apply", "-f", str(REPO / "deployments" / "crds")], check=True, capture_output=True)
+    subprocess.run(
+        [*kubectl, "apply", "-f", str(REPO / "deployments" / "crds"), "-f", str(REPO / "deployments" / "rbac")],
+        check=True,
+        capture_output=True,
+    )
     deadline = time.monotonic() + 60
     while subprocess.run([*kubectl, "get", "storageversionmigrations"], capture_output=True).returncode:
         if time.monotonic() > deadline:
@@ -175,14 +180,6 @@ def save_blocks(stack: PrefectStack, sims: dict[str, KubesimProcess]) -> None:
     with stack.settings():
         for c, sim in sims.items():
             KubernetesClusterConfig.from_file(Path(sim.kubeconfig)).save(BLOCKS[c], overwrite=True)
-
-
-def limits(stack: PrefectStack) -> str:
-    """The write budgets on the server (name and writes/s), as the runs left them."""
-    with stack.client() as client:
-        found = client.read_global_concurrency_limits(limit=200)
-    return ", ".join(f"{g.name} {g.slot_decay_per_second:g}/s" for g in sorted(found, key=lambda g: g.name)
-                     if g.name.startswith(BUDGET_LIMIT) and not g.name.endswith("-writers"))  # fmt: skip
 
 
 def row(side: Side, overlap: float | None) -> str:
@@ -228,7 +225,6 @@ def main() -> None:
                     results.append((overlap, sides))
                     for side in sides:
                         print(row(side, overlap), flush=True)
-            print(f"limits on the server: {limits(stack)}")
         finally:
             stack.stop()
             for sim in sims.values():

@@ -212,7 +212,11 @@ def encrypted_with(cluster: Cluster) -> dict[str, str]:
 def install_crds(kubeconfig: Path) -> None:
     """Our CRDs (the migrations' requests), served before returning."""
     kubectl = ["kubectl", "--kubeconfig", str(kubeconfig)]
-    subprocess.run([*kubectl, "apply", "-f", str(REPO / "deployments" / "crds")], check=True, capture_output=True)
+    subprocess.run(
+        [*kubectl, "apply", "-f", str(REPO / "deployments" / "crds"), "-f", str(REPO / "deployments" / "rbac")],
+        check=True,
+        capture_output=True,
+    )
     deadline = time.monotonic() + 60
     while subprocess.run([*kubectl, "get", "storageversionmigrations"], capture_output=True).returncode:
         if time.monotonic() > deadline:

@@ -64,7 +64,9 @@ NAMESPACE = "bench"
 
 
 def install_crds(api: ApiClient) -> None:
-    """`deployments/crds/` (the StorageVersionMigration the flow records its checkpoint in), served."""
+    """`deployments/crds/` (the StorageVersionMigration the flow records its checkpoint in), served, and
+    the install's namespace (issue 37: each run holds its request's writer Lease there)."""
+    k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="storage-migrator")))
     ext = k8s.ApiextensionsV1Api(api)
     for path in sorted((REPO / "deployments" / "crds").glob("*.yaml")):
         ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))

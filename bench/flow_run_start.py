@@ -178,7 +178,7 @@ def main() -> None:
     with kubesim_process() as sim, tempfile.TemporaryDirectory(prefix="bench-flow-start-") as tmp:
         api = api_client_from_settings(Settings(kubeconfig=sim.kubeconfig))
         create_configmaps(api, args.objects, namespace="bench", threads=4, size=100)
-        subprocess.run(["kubectl", "--kubeconfig", sim.kubeconfig, "apply", "-f", str(REPO / "deployments" / "crds")],
+        subprocess.run(["kubectl", "--kubeconfig", sim.kubeconfig, "apply", "-f", str(REPO / "deployments" / "crds"), "-f", str(REPO / "deployments" / "rbac")],
                        check=True, capture_output=True)  # fmt: skip
         stack = PrefectStack(Path(tmp) / "prefect", worker_env={"STORAGE_MIGRATOR_KUBECONFIG": sim.kubeconfig,
                                                                  "PREFECT_LOGGING_LEVEL": "WARNING"})  # fmt: skip

@@ -211,7 +211,11 @@ def main() -> None:
         kubesim.start()
         stack.start_server()
         k = ["kubectl", "--kubeconfig", str(kubesim.kubeconfig)]
-        subprocess.run([*k, "apply", "-f", str(REPO / "deployments" / "crds")], check=True, capture_output=True)
+        subprocess.run(
+            [*k, "apply", "-f", str(REPO / "deployments" / "crds"), "-f", str(REPO / "deployments" / "rbac")],
+            check=True,
+            capture_output=True,
+        )
         subprocess.run([*k, "create", "namespace", NAMESPACE], check=True, capture_output=True)
         admin = Admin.from_kubeconfig(kubesim.kubeconfig)
         rate = seed(store, args.objects, args.size)

@@ -76,7 +76,7 @@ from tasks.migrating import (
     MigrationHandle,
     checkpoint,
     finish_migration,
-    hold_migration,
+    note_migration_step,
     restart_pass,
     start_migration,
 )
@@ -152,7 +152,6 @@ class _Run:
     opened: InTreeOpened | None = None
     artifact: UUID | None = None
     shown: str = ""
-    held_at: float = 0.0
 
     @property
     def passes(self) -> int:
@@ -256,18 +255,14 @@ class _Run:
         self.shown = ""
 
     def _show(self, verdict: InTreeVerdict) -> None:
-        """A new step: the log, the request's Running condition (its lease too) and the progress artifact's
-        description; the lease is refreshed every quarter lease in between (issue 31)."""
-        if verdict.step in ("succeeded", "failed", "gone", "timed-out", "not-picked-up"):
+        """A new step: the log, the request's Running condition and the progress artifact's description
+        (the request's holder is its writer Lease, renewed by its own thread: issue 37)."""
+        if verdict.step in ("succeeded", "failed", "gone", "timed-out", "not-picked-up") or verdict.step == self.shown:
             return
-        fresh = time.monotonic() - self.held_at > self.settings.lease_seconds / 4
-        if verdict.step == self.shown and not fresh:
-            return
-        if verdict.step != self.shown:
-            get_run_logger().info("%s: %s", self.handle.name, verdict.message)
-        self.shown, self.held_at = verdict.step, time.monotonic()
-        hold_migration(self.settings, self.handle, reason=f"InTree{verdict.step.capitalize()}",
-                       message=verdict.message)  # fmt: skip
+        get_run_logger().info("%s: %s", self.handle.name, verdict.message)
+        self.shown = verdict.step
+        note_migration_step(self.settings, self.handle, reason=f"InTree{verdict.step.capitalize()}",
+                            message=verdict.message)  # fmt: skip
         if verdict.step in ("queued", "running") and self.artifact is None:
             self.rec.started(resumed=self.opened is not None and self.opened.adopted)
             emit_migration("started", migration=self.handle.name, group_resource=self.handle.group_resource,

@@ -41,11 +41,10 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Failed
 from pydantic import BaseModel, Field
 
-from flows.best_effort import best_effort
+from flows.best_effort import ProgressBar, best_effort, reported_end
 from flows.cluster_scope import cluster_settings, entered_cluster
 from flows.events import delivered_events, emit_migration
 from flows.in_tree_engine import in_tree_engine
-from flows.prefect_outage import heal_budget, wait_for_prefect
 from flows.run_logs import our_logs_in_the_run
 from flows.server_config_gate import GateOutcome, check_configs, wait_for_one_config
 from storage_migrator.agreement.storage_versions import (
@@ -54,11 +53,11 @@ from storage_migrator.agreement.storage_versions import (
     StorageVersionObservation,
     decide_agreement,
 )
-from storage_migrator.fleet.names import budget_limit_name, cluster_name, scoped_key
+from storage_migrator.fleet.names import cluster_name, scoped_key
 from storage_migrator.ledger.recorder import RunRecorder, writer_from_settings
-from storage_migrator.migration.chunk_terms import BudgetUnreachable, MigrationAborted, add_progress
+from storage_migrator.migration.chunk_terms import MigrationAborted, add_progress
 from storage_migrator.migration.dispatch import was_presumed_dead
-from storage_migrator.migration.outage import MigrationSuspended
+from storage_migrator.migration.request_lease import RequestHeld, RequestLease
 from storage_migrator.migration.requests import MigrationCancelled, failure_summary
 from storage_migrator.models import (
     CONDITION_SUCCEEDED,
@@ -77,19 +76,9 @@ from tasks.migrating import (
     resolve_migration,
     restart_pass,
     start_migration,
-    suspend_migration,
 )
+from tasks.request_lease import WriteShare, held_request, write_share
 from tasks.server_configs import observe_configs
-from tasks.write_budget import (
-    SILENCE_SHARE_OF_LEASE,
-    RateLimitInfo,
-    batch_for,
-    ensure_write_rate_limit,
-    rejoin_writer,
-    release_writer,
-    writer_lease,
-)
-from tasks.writers_count import heal_writers_count
 
 #: The progress artifact is updated at most this often (one API call; issue 13).
 ARTIFACT_SECONDS = 5.0
@@ -209,10 +198,10 @@ def _worst(*verdicts: AgreementVerdict) -> AgreementVerdict:
 def _migrate_passes(
     settings: Settings,
     handle: MigrationHandle,
-    budget: RateLimitInfo,
+    share: WriteShare,
     run: Passes,
     baseline: StorageVersionObservation | None,
-    artifact: UUID | None,
+    bar: ProgressBar | None,
     rec: RunRecorder,
 ) -> None:
     """Chunk after chunk until the LIST is complete, asking after each checkpoint
@@ -222,13 +211,9 @@ def _migrate_passes(
     shown = time.monotonic()
     while True:
         began = time.monotonic()
-        try:
-            chunk = migrate_chunk_task(settings, handle, run.token, budget)
-        except BudgetUnreachable as exc:
-            wait_for_prefect(settings, handle, budget, exc)
-            continue  # the chunk again, from the stored checkpoint (at most one chunk re-done)
+        chunk = migrate_chunk_task(settings, handle, run.token)
         if chunk.token_out is None:
-            release_writer(budget)  # the last write is done: the others get its share now
+            share.leave()  # the last write is done: the others get its share now
         run.progress = add_progress(run.progress, chunk)
         run.failures = (run.failures + chunk.failures)[:MAX_RECORDED_FAILURES]
         # Issue 13: the checkpoint and the agreement check run side by side (both after the
@@ -238,9 +223,8 @@ def _migrate_passes(
                                   failures=run.failures, pass_resource_version=chunk.pass_resource_version)  # fmt: skip
         asked = check_agreement.submit(settings, handle)
         heard = observe_configs.submit(settings) if handle.encryption_key else None
-        if artifact is not None and time.monotonic() - shown >= ARTIFACT_SECONDS:
-            with best_effort("the progress artifact"):
-                update_progress_artifact(artifact_id=artifact, progress=_percent(run.progress))
+        if bar is not None and time.monotonic() - shown >= ARTIFACT_SECONDS:
+            bar.show(_percent(run.progress))  # issue 37: a thread of its own shows it; never waited on
             shown = time.monotonic()
         saved.result()
         rec.chunk(chunk, duration_seconds=time.monotonic() - began, progress=run.progress)
@@ -263,7 +247,7 @@ def _migrate_passes(
             restart_pass(settings, handle, reason=verdict.reason, message=verdict.message, config_hash=run.config_hash)
             run.progress, run.failures, run.token = MigrationProgress(), [], None
             run.passes, baseline = run.passes + 1, now
-            rejoin_writer(budget)  # released after the last chunk of the pass before
+            share.join()  # left after the last chunk of the pass before
             continue
         if run.token is None:
             return
@@ -319,10 +303,10 @@ def _migrate(
         cluster, chunk_size=chunk_size, write_rate_per_second=write_rate_per_second,
         write_concurrency=write_concurrency, kubeconfig=kubeconfig, context=context, engine=engine,
     )  # fmt: skip
+    # Issue 37: a run that ends while the Prefect server is down reports its end once it answers.
     # Issue 20: the cluster is the one recorded under its name, before anything is written (a request included).
-    with entered_cluster(settings):
-        return _resolve_and_run(settings, resource=resource, group=group, version=version, migration=migration,
-                                explicit_rate=write_rate_per_second is not None)  # fmt: skip
+    with reported_end(settings.prefect_outage_seconds), entered_cluster(settings):
+        return _resolve_and_run(settings, resource=resource, group=group, version=version, migration=migration)
 
 
 def _marked_dead() -> str | None:
@@ -339,8 +323,8 @@ def _marked_dead() -> str | None:
 
 
 def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, version: str | None,
-                     migration: str | None, explicit_rate: bool) -> MigrationSummary | State[Any]:  # fmt: skip
-    """The request resolved (or created), the run labelled and recorded, then `_run`."""
+                     migration: str | None) -> MigrationSummary | State[Any]:  # fmt: skip
+    """The request resolved (or created) and its Lease taken, the run labelled and recorded, then `_run`."""
     logger = get_run_logger()
     handle = resolve_migration(settings, resource=resource, group=group, version=version, migration=migration)
     if flow_run.id is not None:  # issue 31: the run claims the request at its start; its writes are fenced
@@ -350,6 +334,20 @@ def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, ve
         logger.info("%s/%s has already %s: nothing to do", MIGRATIONS_KIND_NAME, handle.name, handle.finished)
         return MigrationSummary(migration=handle.name, resource=handle.group_resource, phase=handle.finished,
                                 progress=MigrationProgress())  # fmt: skip
+    try:
+        # Issue 37: one writer per request. Taken before anything of the request is written; a live
+        # holder's request is refused here, its holder and its Lease's end named, nothing written.
+        with held_request(settings, name=handle.name, uid=handle.uid, flow_run=handle.owner) as lease:
+            if lease.taken != "created":
+                logger.warning("%s", lease.taken)
+            return _recorded_run(settings, handle, lease)
+    except RequestHeld as exc:
+        logger.warning("%s", exc.message)
+        return Cancelled(message=exc.message)
+
+
+def _recorded_run(settings: Settings, handle: MigrationHandle, lease: RequestLease) -> MigrationSummary | State[Any]:
+    """`_run`, recorded in the ledger."""
     # Issue 12: the ledger records in-process (no task runs); a ledger outage only delays its rows.
     rec = RunRecorder.begin(
         writer_from_settings(settings), migration=handle.name, migration_uid=handle.uid,
@@ -359,7 +357,7 @@ def _resolve_and_run(settings: Settings, *, resource: str | None, group: str, ve
         cluster=cluster_name(settings.cluster),
     )  # fmt: skip
     try:
-        return _run(settings, handle, rec, explicit_rate=explicit_rate)
+        return _run(settings, handle, rec, lease)
     except BaseException as exc:
         rec.ended("crashed", rec.progress, reason=type(exc).__name__,
                   message="the run stopped on an error: see the flow run's logs")  # fmt: skip
@@ -381,21 +379,10 @@ def _gate(settings: Settings, handle: MigrationHandle, rec: RunRecorder) -> Gate
     return gate
 
 
-def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
-         explicit_rate: bool) -> MigrationSummary | State[Any]:  # fmt: skip
+def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder,
+         lease: RequestLease) -> MigrationSummary | State[Any]:  # fmt: skip
     """Seed 002's worker for one request: check agreement, start, the chunks, the verdict."""
     logger = get_run_logger()
-    if settings.shared_write_budget:
-        # Issue 20: one budget per cluster (the environment's keeps its name): clusters never share one.
-        budget = ensure_write_rate_limit(
-            budget_limit_name(settings.rate_limit_name, settings.cluster),
-            settings.write_rate_per_second,
-            explicit=explicit_rate,
-        )
-    else:
-        budget = RateLimitInfo(name=None, writes_per_second=settings.write_rate_per_second,
-                               batch=batch_for(settings.write_rate_per_second))  # fmt: skip
-    budget = budget.model_copy(update={"silence_grace_seconds": settings.lease_seconds * SILENCE_SHARE_OF_LEASE})
     # Seed 001: start only while the servers agree. A resumed run takes its baseline
     # here too: a move between the crash and the resume is not seen (the request
     # has no field to carry the first start's resourceVersion).
@@ -422,7 +409,6 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
         return Cancelled(message=str(exc))
     rec.started(resumed=start.token is not None)
     rec.progress = start.progress
-    heal_budget(settings, joining=handle.name)  # before this run takes its own writer's slot
     _emit("started", handle, start.progress)
     logger.info("migrating %s (%s, %s mode) from %s", handle.ref, handle.name, handle.write_mode,
                 "its checkpoint" if start.token else "the beginning")  # fmt: skip
@@ -432,13 +418,12 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
                                                        description=f"Migrating {handle.ref} ({handle.name})"))  # fmt: skip
     run = Passes(progress=start.progress, failures=list(start.failures), token=start.token,
                  config_hash=gate.configs.common_hash if gate is not None else None)  # fmt: skip
+    bar = ProgressBar(artifact) if artifact is not None else None
     try:
-        # One writer's lease for the whole run: its share of the budget (tasks/write_budget.py).
-        with writer_lease(
-            budget.model_copy(update={"holder": handle.name}),
-            on_rejoin=lambda: heal_writers_count(settings) is not None,
-        ) as held:
-            _migrate_passes(settings, handle, held, run, baseline, artifact, rec)
+        # The write budget (issue 37): the run counts among the cluster's writers while its chunks
+        # write. The one seam an engine that is not bound by our budget leaves out.
+        with write_share(settings, lease) as share:
+            _migrate_passes(settings, handle, share, run, baseline, bar, rec)
     except MigrationCancelled as exc:
         logger.warning("%s", exc)
         _emit("cancelled", handle, run.progress, str(exc))
@@ -447,11 +432,9 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder, *,
     except MigrationAborted as exc:
         logger.warning("%s: %s", handle.name, exc.message)
         return _fail(settings, handle, rec, run.progress, reason=exc.reason, message=exc.message, passes=run.passes)
-    except MigrationSuspended as exc:
-        logger.warning("%s: %s", handle.name, exc.message)
-        suspend_migration(settings, handle, reason=exc.reason, message=exc.message)
-        rec.ended("crashed", run.progress, reason=exc.reason, message=exc.message, passes=run.passes)
-        return Failed(message=f"{handle.name}: {exc.message}")
+    finally:
+        if bar is not None:
+            bar.close()
     progress = run.progress
     if artifact is not None:
         with best_effort("the progress artifact"):

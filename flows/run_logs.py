@@ -1,9 +1,9 @@
 """Our own loggers' warnings in the flow run's log, where an operator reads it (issue 12).
 
-The ledger writer and the write budget log from threads of their own, on loggers
-of their own (`storage_migrator.ledger`, `tasks.write_budget`): "ledger
-unreachable, retrying in the background", "reading the budget failed; writes
-pause". Prefect sends a record to the run's log only from inside the run's
+The ledger writer and the run's writer Lease log from threads of their own, on
+loggers of their own (`storage_migrator.ledger`, `storage_migrator.migration.request_lease`):
+"ledger unreachable, retrying in the background", "the API server did not answer; writes
+pause", "taken over: this run writes nothing more". Prefect sends a record to the run's log only from inside the run's
 context, so these reached the worker's console and not the Prefect UI. For a
 flow run's lifetime, Prefect's API log handler is attached to those loggers
 with the run's id put on each record (WARNING and above: what needs a person).

@@ -20,6 +20,11 @@ next dispatcher. Before resuming a request it did not start, the dispatcher
 marks the dead runs it finds for it (by their `migration:<name>` tag) the same
 way, so that the history does not show them Running.
 
+Issue 37: which requests a live run holds is their writer Leases' (`read-writer-leases`,
+`write_budget.holders`), read each round with the requests: a Running request whose Lease
+has expired (its run died, whatever Prefect shows of it) is resumed at once, one whose Lease
+is live is never started beside its holder.
+
 When one of them succeeded, the run ends with one detection poll (issue 10), so
 the StorageState of a migrated resource is refined at once instead of at the
 next scheduled poll. The poll starts nothing, and its failure is only a warning:
@@ -55,7 +60,6 @@ from flows.cluster_scope import cluster_settings, entered_cluster, run_for_clust
 from flows.events import delivered_events
 from flows.migrate_resource import migrate_resource
 from flows.polling import poll
-from flows.prefect_outage import heal_budget
 from flows.run_logs import our_logs_in_the_run
 from storage_migrator.conditions import is_condition_true
 from storage_migrator.fleet.names import cluster_tag, scoped_key
@@ -68,10 +72,10 @@ from storage_migrator.migration.dispatch import (
     plan_dispatch,
     presumed_dead,
 )
+from storage_migrator.migration.write_budget import holders
 from storage_migrator.models import CONDITION_RUNNING, MIGRATIONS_KIND_NAME, StorageVersionMigration
 from storage_migrator.settings import Settings
-from tasks.dispatching import read_migrations
-from tasks.run_owners import ended_owners
+from tasks.dispatching import read_migrations, read_writer_leases
 
 
 class DispatchSummary(BaseModel):
@@ -121,7 +125,11 @@ def _dead_message(migration: StorageVersionMigration, state: str, lease_seconds:
 
 
 def _crash_dead_runs(
-    migrations: dict[str, StorageVersionMigration], runs: dict[str, list[FlowRun]], *, lease_seconds: float
+    migrations: dict[str, StorageVersionMigration],
+    runs: dict[str, list[FlowRun]],
+    *,
+    lease_seconds: float,
+    held: Collection[str] | None,
 ) -> list[str]:
     """Mark Crashed every flow run in `runs` (by request name) that `presumed_dead` judges dead;
     the names of the requests whose run was marked."""
@@ -134,8 +142,10 @@ def _crash_dead_runs(
                 state = run.state
                 claimed = state.timestamp if state is not None and (state.is_running() or state.is_pending()) else None
                 migration = migrations.get(name)
+                lease = None if held is None else name in held
                 if state is None or migration is None or not presumed_dead(migration, claimed_at=claimed, now=now,
-                                                                           lease_seconds=lease_seconds):  # fmt: skip
+                                                                           lease_seconds=lease_seconds,
+                                                                           held=lease):  # fmt: skip
                     continue
                 message = _dead_message(migration, str(state.name), lease_seconds)
                 logger.warning("flow run %s (%s): %s", run.name, run.id, message)
@@ -144,7 +154,8 @@ def _crash_dead_runs(
     return crashed
 
 
-def _reap(children: list[_Child], migrations: list[StorageVersionMigration], lease_seconds: float) -> list[str]:
+def _reap(children: list[_Child], migrations: list[StorageVersionMigration], lease_seconds: float,
+          held: Collection[str] | None) -> list[str]:  # fmt: skip
     """Our own runs that died (their worker with them): marked Crashed, so their waits end."""
     ids = {c.flow_run: c.name for c in children if c.flow_run is not None}
     if not ids:
@@ -154,13 +165,15 @@ def _reap(children: list[_Child], migrations: list[StorageVersionMigration], lea
             runs: dict[str, list[FlowRun]] = {}
             for run_id, name in ids.items():
                 runs.setdefault(name, []).append(client.read_flow_run(run_id))
-        return _crash_dead_runs({m.metadata.name or "": m for m in migrations}, runs, lease_seconds=lease_seconds)
+        return _crash_dead_runs({m.metadata.name or "": m for m in migrations}, runs, lease_seconds=lease_seconds,
+                                held=held)  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - judged again next round
         get_run_logger().warning("could not check the migrations' flow runs (%s: %s)", type(exc).__name__, exc)
         return []
 
 
-def _crash_orphans(migration: StorageVersionMigration, lease_seconds: float, cluster: str | None) -> None:
+def _crash_orphans(migration: StorageVersionMigration, lease_seconds: float, cluster: str | None,
+                   held: Collection[str] | None) -> None:  # fmt: skip
     """Before resuming a request someone else started: its dead runs (tags `migration:<name>` and
     `cluster:<cluster>`: two clusters' requests may share a name) marked Crashed."""
     name = migration.metadata.name or ""
@@ -172,7 +185,7 @@ def _crash_orphans(migration: StorageVersionMigration, lease_seconds: float, clu
                 tags=FlowRunFilterTags(all_=[f"migration:{name}", cluster_tag(cluster)]),
                 state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING])),
             ))  # fmt: skip
-        _crash_dead_runs({name: migration}, {name: list(runs)}, lease_seconds=lease_seconds)
+        _crash_dead_runs({name: migration}, {name: list(runs)}, lease_seconds=lease_seconds, held=held)
     except Exception as exc:  # noqa: BLE001 - the history only; the resume goes on
         get_run_logger().warning("could not mark the dead runs of %s (%s: %s)", name, type(exc).__name__, exc)
 
@@ -198,36 +211,36 @@ def _refine(settings: Settings) -> list[str] | None:
     return polled.applied.done
 
 
-def _ended_owners(pending: list[StorageVersionMigration], lease_seconds: float) -> set[str]:
-    """Issue 31: the requests whose live lease a flow run holds that Prefect shows ended (Failed,
-    Crashed: it died with the Prefect server, or gave up): resumed now, not a lease later."""
+def _held(settings: Settings) -> dict[str, str] | None:
+    """Issue 37: the requests whose writer Lease is live, and its holder (None: the Leases could not
+    be read, and the Running conditions' leases judge as before)."""
     try:
-        with get_client(sync_client=True) as client:
-            ended = ended_owners(client, pending, lease_seconds=lease_seconds)
-    except Exception as exc:  # noqa: BLE001 - none known dead: the leases hold
-        get_run_logger().warning("could not ask Prefect about the runs holding leases (%s: %s)",
-                                 type(exc).__name__, exc)  # fmt: skip
-        return set()
-    for name, state in ended.items():
-        get_run_logger().warning("%s is still Running, and the flow run that claimed it is %s: resumed now, "
-                                 "without waiting for its lease", name, state)  # fmt: skip
-    return set(ended)
+        leases = read_writer_leases(settings)
+    except Exception as exc:  # noqa: BLE001 - judged again next round
+        get_run_logger().warning("could not read the writer Leases in %s (%s: %s): the requests' Running conditions "
+                                 "judge which are held this round", settings.namespace, type(exc).__name__, exc)  # fmt: skip
+        return None
+    return holders(leases, now=datetime.now(UTC))
 
 
 def _plan_round(
-    settings: Settings, pending: list[StorageVersionMigration], *, active: set[str], only: Collection[str] | None
+    settings: Settings,
+    pending: list[StorageVersionMigration],
+    *,
+    active: set[str],
+    only: Collection[str] | None,
+    held: dict[str, str] | None,
 ) -> DispatchPlan:
     """`plan_dispatch` over the requests not yet started by this run (`only`: of those named)."""
     now = datetime.now(UTC)
-    ended = _ended_owners(pending, settings.lease_seconds)
     if only is not None:
         # Others' live runs keep their resources busy; others' pending requests are not ours to run.
         live = {w.name for w in plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
-                                              lease_seconds=settings.lease_seconds, ended=ended).waiting
+                                              lease_seconds=settings.lease_seconds, held=held).waiting
                 if w.reason == RUNNING_ELSEWHERE}  # fmt: skip
         pending = [m for m in pending if m.metadata.name in only or m.metadata.name in live]
     return plan_dispatch(pending, now=now, max_parallel=settings.max_parallel_migrations,
-                         lease_seconds=settings.lease_seconds, active=active, ended=ended)  # fmt: skip
+                         lease_seconds=settings.lease_seconds, active=active, held=held)  # fmt: skip
 
 
 def dispatch_requests(
@@ -253,25 +266,25 @@ def dispatch_requests(
     resumed: set[str] = set()
     running: dict[Future[str], _Child] = {}
     check_seconds = max(wait_seconds, settings.lease_seconds / 4)
-    heal_budget(settings)
     with ThreadPoolExecutor(max_workers=settings.max_parallel_migrations, thread_name_prefix="migration") as pool:
         while True:
             migrations = read_migrations(settings)
+            held = _held(settings)
             # A request is started at most once per dispatcher run: one that is still
             # pending after its run (crashed, cancelled) waits for the next dispatcher;
             # but a run that died with its worker is resumed once at once.
-            for name in _reap(list(running.values()), migrations, settings.lease_seconds):
+            for name in _reap(list(running.values()), migrations, settings.lease_seconds, held):
                 if name not in resumed:
                     resumed.add(name)
                     attempted.discard(name)
             pending = [m for m in migrations if m.metadata.name not in attempted]
-            plan = _plan_round(settings, pending, active={c.resource for c in running.values()}, only=only)
+            plan = _plan_round(settings, pending, active={c.resource for c in running.values()}, only=only, held=held)
             by_name = {m.metadata.name: m for m in pending}
             for name in plan.start:
                 attempted.add(name)
                 child = _Child(name=name, resource=migration_resource(by_name[name]))
                 if deployed and name not in resumed:
-                    _crash_orphans(by_name[name], settings.lease_seconds, settings.cluster)
+                    _crash_orphans(by_name[name], settings.lease_seconds, settings.cluster, held)
                 logger.info("starting %s (%s)", name, child.resource)
                 ctx = contextvars.copy_context()  # keeps the subflow under this flow run
                 future = pool.submit(ctx.run, _run_one, child, overrides, settings.cluster, deployed,

@@ -114,6 +114,8 @@ def seed(api: k8s.ApiClient, *, count: int) -> None:
         ext.create_custom_resource_definition(yaml.safe_load(path.read_text()))
     ext.create_custom_resource_definition(WIDGET_CRD)
     core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="demo")))
+    # The install's namespace (deployments/rbac/): each migration holds its request's writer Lease there.
+    core.create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name="storage-migrator")))
     custom = k8s.CustomObjectsApi(api)
     time.sleep(0.5)  # kubesim serves a new CRD within 0.25 s, as an API server takes a moment
 

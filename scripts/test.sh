@@ -5,8 +5,9 @@
 # Without arguments lint and types run beside the tests, which run in three lanes at once:
 # - the e2e tier (one Prefect server, its deployments and workers; its time is mostly spent
 #   waiting for flow runs);
-# - the tests that mostly wait on a Prefect server they kill and start again (WAITING: 3-4
-#   minutes of little CPU, which held one of the other lane's two workers for all that time);
+# - the tests that mostly wait (WAITING: a Prefect server they kill for 90 s, writers that come and go
+#   for 2 minutes; about 6 minutes of little CPU, which would hold one of the other lane's two
+#   workers for all that time);
 # - everything else, which pytest-xdist splits over two workers by file, the slowest files first
 #   (tests/conftest.py SLOWEST_FIRST, not xdist's default of the files with most tests first).
 # Each lane, and each worker, is a pytest session with its own etcd and kubesim (and Prefect
@@ -35,8 +36,9 @@ if [ "$#" -gt 0 ]; then
     exec uv run pytest "$@"
 fi
 
-#: The lane of tests that mostly wait (see above).
-WAITING=(tests/integration/test_prefect_outage.py)
+#: The lane of tests that mostly wait (see above): a Prefect server down for 90 s under a migration,
+#: and three writers joining and leaving for two minutes (issue 37).
+WAITING=(tests/integration/test_prefect_outage.py tests/integration/test_writers_join_and_leave.py)
 logs=$(mktemp -d -t storage-migrator-lanes.XXXXXX)
 trap 'rm -rf "$logs"' EXIT
 # Lint and types beside the tests too (half a minute of CPU that used to come before them).

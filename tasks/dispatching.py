@@ -19,6 +19,8 @@ from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.migration.requests import create_migration, list_migrations
 from storage_migrator.migration.targets import MigrationTarget, resolve_target
+from storage_migrator.migration.write_budget import WriterLease
+from storage_migrator.migration.writer_leases import list_writer_leases
 from storage_migrator.models import StorageVersionMigration, new_storage_version_migration
 from storage_migrator.settings import Settings
 from tasks.common import PRIVATE, connected
@@ -30,6 +32,13 @@ APISERVICES = ResourceRef(group="apiregistration.k8s.io", version="v1", resource
 def read_migrations(settings: Settings) -> list[StorageVersionMigration]:
     with connected(settings) as api:
         return list_migrations(api)
+
+
+@task(name="read-writer-leases", **PRIVATE)
+def read_writer_leases(settings: Settings) -> list[WriterLease]:
+    """Issue 37: the runs' request Leases in the install's namespace: which requests a live run holds."""
+    with connected(settings) as api:
+        return list_writer_leases(api, namespace=settings.namespace)
 
 
 @task(name="read-apiservices", **PRIVATE)

@@ -26,7 +26,6 @@ from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.ledger.recorder import encryption_key_of, requested_by
 from storage_migrator.migration.chunk_terms import (
-    BudgetUnreachable,
     ChunkOptions,
     ChunkResult,
     MigrationAborted,
@@ -53,7 +52,7 @@ from storage_migrator.models import (
 from storage_migrator.rotation.decisions import skips_server_check
 from storage_migrator.settings import Settings
 from tasks.common import PRIVATE, REQUEST_RETRIES, api_client, connected
-from tasks.write_budget import RateLimitInfo, chunk_pacer
+from tasks.request_lease import chunk_pacer
 
 
 class MigrationHandle(BaseModel):
@@ -184,7 +183,7 @@ def start_migration(
     pass starts again from the beginning."""
     with connected(settings) as api:
         record = _record(api, handle, claiming=True)
-        record.claim()  # issue 31: a run that still writes it (Prefect shows it ended) stops at its next write
+        record.claim()  # issues 31, 37: after its Lease: a run taken over stops at its next write of the request
         token, progress = record.load()
         stored = record.migration.status.encryption_config_hash
         if token and config_hash and stored != config_hash:
@@ -208,7 +207,7 @@ def _not_aborted(task: Any, task_run: Any, state: Any) -> bool:
     """Retry a chunk on unexpected errors, never on a verdict about the migration."""
     try:
         state.result()
-    except (MigrationAborted, MigrationCancelled, BudgetUnreachable):
+    except (MigrationAborted, MigrationCancelled):
         return False
     except Exception:  # noqa: BLE001 - anything else may be transient
         return True
@@ -223,9 +222,9 @@ def _not_aborted(task: Any, task_run: Any, state: Any) -> bool:
     retry_condition_fn=_not_aborted,
     **PRIVATE,
 )
-def migrate_chunk_task(
-    settings: Settings, handle: MigrationHandle, token: str | None, budget: RateLimitInfo
-) -> ChunkResult:
+def migrate_chunk_task(settings: Settings, handle: MigrationHandle, token: str | None) -> ChunkResult:
+    """One chunk, paced by the run's request Lease (tasks/request_lease.py): a run that lost its
+    request stops before the chunk's first write, and at its next write within it (issue 37)."""
     options = ChunkOptions(
         limit=settings.chunk_size,
         write_mode=handle.write_mode,
@@ -237,11 +236,11 @@ def migrate_chunk_task(
         settle_window_seconds=settings.apiserver_restart_window_seconds,
         settle_timeout_seconds=settings.apiserver_settle_timeout_seconds,
     )
-    pacing = chunk_pacer(budget, write_concurrency=settings.write_concurrency, chunk_limit=options.limit)
+    pacer = chunk_pacer(settings, handle.uid)
     # The LIST ahead outlives this task's client: it gets one of its own.
     ahead = _AHEAD.setdefault(handle.uid, PageAhead(connect=lambda: api_client(settings)))
     try:
-        with pacing as pacer, connected(settings) as api:
+        with connected(settings) as api:
             result = migrate_chunk(api, handle.ref, continue_token=token, options=options, pacer=pacer, ahead=ahead)
     except BaseException:
         _AHEAD.pop(handle.uid, None)
@@ -291,18 +290,11 @@ def restart_pass(
         _record(api, handle).restart_pass(now=_now(), reason=reason, message=message, config_hash=config_hash)
 
 
-@task(name="hold-migration", **REQUEST_RETRIES, **PRIVATE)
-def hold_migration(settings: Settings, handle: MigrationHandle, *, reason: str, message: str) -> None:
-    """Refresh the request's lease while the run waits (issue 31); `MigrationCancelled` if it is gone."""
+@task(name="note-migration-step", **REQUEST_RETRIES, **PRIVATE)
+def note_migration_step(settings: Settings, handle: MigrationHandle, *, reason: str, message: str) -> None:
+    """The step the run waits on, in its request's Running condition; `MigrationCancelled` if it is gone."""
     with connected(settings) as api:
-        _record(api, handle).hold(now=_now(), reason=reason, message=message)
-
-
-@task(name="suspend-migration", **REQUEST_RETRIES, **PRIVATE)
-def suspend_migration(settings: Settings, handle: MigrationHandle, *, reason: str, message: str) -> None:
-    """Leave the request to the next dispatch, its checkpoint kept (issue 31)."""
-    with connected(settings) as api:
-        _record(api, handle).suspend(now=_now(), reason=reason, message=message)
+        _record(api, handle).note_step(now=_now(), reason=reason, message=message)
 
 
 @task(name="finish-migration", **REQUEST_RETRIES, **PRIVATE)

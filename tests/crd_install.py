@@ -10,14 +10,23 @@ from pathlib import Path
 from typing import Any
 
 CRD_DIR = Path(__file__).resolve().parents[1] / "deployments" / "crds"
+#: The install's namespace (deployments/rbac/, the setting `namespace`): the runs' writer Leases live there.
+INSTALL_NAMESPACE = "storage-migrator"
 
 
 def install_migration_crds(api: Any) -> None:
-    """`deployments/crds/` into a cluster (those already there are kept), served before returning."""
+    """`deployments/crds/` into a cluster (those already there are kept), served before returning, and
+    the install's namespace, where each run holds its request's writer Lease (issue 37)."""
     import time
 
     import yaml
     from kubernetes import client as k8s
+
+    try:
+        k8s.CoreV1Api(api).create_namespace(k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=INSTALL_NAMESPACE)))
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise
 
     ext = k8s.ApiextensionsV1Api(api)
     for path in sorted(CRD_DIR.glob("*.yaml")):

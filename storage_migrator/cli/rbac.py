@@ -110,7 +110,7 @@ def command(
 ) -> None:
     """Print a ClusterRole (and its binding) for exactly the resources to migrate, for kubectl apply -f -.
 
-    Also a Role (and binding) in kube-system: list the API servers' identity Leases, which a key rotation needs to know every server (issue 19). With --admission-policy --image IMAGE, also the ValidatingAdmissionPolicy and binding of deployments/admission/ (issue 35): they refuse any Job or Pod of the worker's ServiceAccount but the install's (one container; IMAGE; the command storage-migrator-run; no hook or probe; the ServiceAccount storage-migrator; only the runner's environment, the credentials by reference; no volume beyond /tmp); the table lists each refusal.
+    Also a Role (and binding) in kube-system: list the API servers' identity Leases, which a key rotation needs to know every server (issue 19); and a Role (and binding) in the install's namespace (STORAGE_MIGRATOR_NAMESPACE, default storage-migrator): the runs' writer Leases, the write budget and the one-writer lock of each request (issue 37). With --admission-policy --image IMAGE, also the ValidatingAdmissionPolicy and binding of deployments/admission/ (issue 35): they refuse any Job or Pod of the worker's ServiceAccount but the install's (one container; IMAGE; the command storage-migrator-run; no hook or probe; the ServiceAccount storage-migrator; only the runner's environment, the credentials by reference; no volume beyond /tmp); the table lists each refusal.
 
     list and patch on each resource (update only where it serves no patch, never with --no-put), plus the fixed rules of deployments/rbac/storage-migrator.yaml for the migrator's own API, CRDs, APIServices, StorageVersions, EndpointSlices, discovery and /metrics. With --engine in-tree: list only on each resource (kube-controller-manager writes), a resource its migrator cannot migrate (events, aggregated APIs) refused when named and left out otherwise. Reads discovery (and APIServices for the in-tree engine); writes nothing. Exit codes: 0 done; 1 a resource cannot be granted (named on stderr) or the cluster could not be read; 2 a usage error.
     """
@@ -127,7 +127,7 @@ def command(
         built = build_role(found.resources, resources=_names(resources), allow_put=not no_put,
                            include=settings.include_resources, exclude=settings.exclude_resources,
                            name=name, service_account=account, engine=chosen,
-                           aggregated_groups=aggregated)  # fmt: skip
+                           aggregated_groups=aggregated, namespace=settings.namespace)  # fmt: skip
     except UnknownResource as exc:
         print(f"storage-migrator: {exc}", file=sys.stderr)
         raise typer.Exit(1) from exc

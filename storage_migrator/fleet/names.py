@@ -1,9 +1,9 @@
 """What is scoped by cluster, and its name (issue 20: "everything scoped by cluster").
 
 The cluster of the environment keeps today's names, so a single-cluster install
-upgrades without renaming its budget or its history; a named cluster gets its
-own budget (two clusters migrating at once each get their whole budget) and
-says its name in run tags and in the Variable recording its identity.
+upgrades without renaming its history; a named cluster says its name in run tags
+and in the Variable recording its identity. The write budget needs no name: it is
+counted by Leases in each cluster (issue 37), so two clusters never share one.
 """
 
 from __future__ import annotations
@@ -13,13 +13,11 @@ import re
 __all__ = [
     "DEFAULT_CLUSTER",
     "block_of",
-    "budget_limit_name",
     "cluster_name",
     "cluster_tag",
     "deployment_name",
     "identity_variable",
     "scoped_key",
-    "writers_limit_name",
 ]
 
 #: The name of the cluster of the environment (no block named).
@@ -28,22 +26,12 @@ DEFAULT_CLUSTER = "default"
 _BLOCK_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 
 
-#: A budget's companion limit, which counts the writers sharing it (tasks/write_budget.py).
-_WRITERS = "writers"
-
-
 def _slug(cluster: str) -> str:
     """The name itself, never a mapping of it: two clusters must never share a budget or a record."""
     if not _BLOCK_NAME.match(cluster):
         raise ValueError(
             f"cluster {cluster!r} is not a KubernetesClusterConfig block name: lowercase letters, digits and "
             "dashes, as Prefect names blocks"
-        )
-    if cluster == _WRITERS or cluster.endswith(f"-{_WRITERS}"):
-        # Its budget `<base>-x-writers` would be the writers' counter of cluster `x` (or of the default's).
-        raise ValueError(
-            f"cluster {cluster!r}: a cluster's name may not end in {_WRITERS!r}, which names another cluster's "
-            "count of writers; give the KubernetesClusterConfig block another name"
         )
     return cluster
 
@@ -65,17 +53,6 @@ def scoped_key(key: str, cluster: str | None) -> str:
     block = block_of(cluster)
     whole = key if block is None else f"cluster-{block}-{key}"
     return re.sub(r"[^a-z0-9-]+", "-", whole.lower()).strip("-")[:100]
-
-
-def budget_limit_name(base: str, cluster: str | None) -> str:
-    """The global concurrency limit of a cluster's writes: `base` for the default cluster."""
-    block = block_of(cluster)
-    return base if block is None else f"{base}-{block}"
-
-
-def writers_limit_name(budget: str) -> str:
-    """The limit counting the writers of `budget` (`_slug` keeps it from being another cluster's budget)."""
-    return f"{budget}-{_WRITERS}"
 
 
 def cluster_tag(cluster: str | None) -> str:

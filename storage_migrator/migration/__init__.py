@@ -14,9 +14,11 @@ write budget, and records failures by name, never by content.
     failures.py     what is recorded of an object that could not be rewritten
     settling.py     a settling API server, and the one retry policy
     backoff.py      how long to wait before trying again
-    pacing.py       the write budget, spent in batches
-    write_share.py  a writer's share of the budget every worker shares
-    outage.py       a Prefect outage: wait with the lease, go on, or give up
+    pacing.py       what the chunk loop asks before each write; a token bucket
+    write_budget.py the write budget's rule: who writes, at what share, who holds a request
+    writer_leases.py  the writer Leases on the wire (coordination.k8s.io/v1)
+    request_lease.py  a run's hold on its request: its Lease taken, renewed, counted, given back
+    write_share.py  a writer's pace at its share, window by window
     engines.py      which engine writes: ours, or kube-controller-manager's (issue 36)
     in_tree_runs.py a run on the in-tree engine: its object, what its state means, our count
 """

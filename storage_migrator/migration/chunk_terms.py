@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from storage_migrator.models import MigrationProgress, ObjectFailure
 
 __all__ = [
-    "BudgetUnreachable",
     "ChunkOptions",
     "ChunkResult",
     "MigrationAborted",
@@ -37,19 +36,6 @@ class MigrationAborted(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (MigrationAborted, (self.reason, self.message))
-
-
-class BudgetUnreachable(Exception):
-    """The shared write budget has not answered for a while (its server is down): the chunk
-    stops writing, and the run waits with its request's checkpoint (issue 31). Not a verdict
-    about the migration: the chunk is not retried, the run goes on once the budget answers."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (BudgetUnreachable, (self.message,))
 
 
 class ChunkOptions(BaseModel):

@@ -200,7 +200,7 @@ def _write_one(
     ctx: _Context,
     page: ListPage,
     item: dict[str, Any],
-    before_write: Callable[[], None],
+    pacer: Pacer,
     stop: threading.Event,
     *,
     last_try: bool = False,
@@ -219,18 +219,21 @@ def _write_one(
     while True:
         if stop.is_set():
             return None
-        before_write()
+        pacer.before_write()
         try:
             result: WriteResult
-            if options.write_mode == "patch":
-                result = rewrite_with_patch(
-                    ctx.api, ref, name=name, namespace=namespace,
-                    resource_version=str(meta.get("resourceVersion", "")), timeout=options.request_timeout_seconds,
-                )  # fmt: skip
-            else:
-                result = rewrite_with_put(
-                    ctx.api, ref, body=_put_body(page, item, ref), timeout=options.request_timeout_seconds
-                )
+            try:
+                if options.write_mode == "patch":
+                    result = rewrite_with_patch(
+                        ctx.api, ref, name=name, namespace=namespace,
+                        resource_version=str(meta.get("resourceVersion", "")), timeout=options.request_timeout_seconds,
+                    )  # fmt: skip
+                else:
+                    result = rewrite_with_put(
+                        ctx.api, ref, body=_put_body(page, item, ref), timeout=options.request_timeout_seconds
+                    )
+            finally:
+                pacer.after_write()  # the answer is in (or none will come): the budget counts it from now
             return _Settled("rewritten" if result.rewritten else "unchanged", size=result.response_bytes)
         except NotFound:
             return _Settled("gone")  # deleted since the LIST: nothing to migrate
@@ -269,14 +272,12 @@ def _write_all(
     *,
     last_try: bool = False,
 ) -> list[_Settled | None]:
-    """Write `items` on the pool (the shared budget taken here, a batch at a time)."""
+    """Write `items` on the pool, each write paced by `pace` on its writing thread."""
     futures = []
-    for i, item in enumerate(items):
+    for item in items:
         if stop.is_set():
             break
-        if i % pace.batch == 0:
-            pace.admit(min(pace.batch, len(items) - i))
-        futures.append(pool.submit(_write_one, ctx, page, item, pace.before_write, stop, last_try=last_try))
+        futures.append(pool.submit(_write_one, ctx, page, item, pace, stop, last_try=last_try))
     errors = [f.exception() for f in futures]
     aborted = next((e for e in errors if isinstance(e, MigrationAborted)), None)
     if aborted is not None:
@@ -300,8 +301,9 @@ def migrate_chunk(
 ) -> ChunkResult:
     """LIST one page from `continue_token` and settle every item in it.
 
-    The shared write budget is taken here, on the caller's thread, a batch at a
-    time before the batch's writes are queued; the writing threads only pace.
+    Each write waits for `pacer` on its writing thread (the run's share of the
+    write budget: storage_migrator/migration/request_lease.py), which may also stop
+    the chunk (a run that lost its request raises there, before its next write).
     Objects that fail are tried once more, after `/readyz` answers 200, before
     the result is returned (so a checkpoint never passes an object that a
     settling server failed). `trouble` may be shared across chunks (default: a

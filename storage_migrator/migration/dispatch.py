@@ -17,18 +17,18 @@ process died with its worker (Prefect marks nothing Crashed by itself then):
 a run killed after its request's verdict (while wrapping up) is judged by the
 verdict's time instead, and only marked.
 
-Issue 31: a lease whose holder is known to have ended is void. The run that
-started a request last claims it (requests.OWNER_ANNOTATION); when Prefect shows
-that flow run in a final state (Failed, Crashed, Cancelled, Completed) while the
-request is still Running, nothing is writing for it, or what still is stops at its
-next write of the request (the claim is checked): the request is resumed at once
-(`ended`), not a whole lease later.
+Issue 37: where the writer Leases were read (`held`: request name -> holder of its live
+Lease, `write_budget.holders`), they decide instead of the condition: a request is held
+exactly while its Lease is live, since a run takes its Lease before it marks the request
+Running and holds it until after its verdict. A Running request without a live Lease has
+no run writing it and is resumed at once, not a lease later; one with a live Lease is
+never started beside its holder (a run started anyway would be refused by the Lease).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Collection, Mapping, Sequence
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,12 +38,10 @@ from storage_migrator.models import (
     CONDITION_RUNNING,
     CONDITION_SUCCEEDED,
     StorageVersionMigration,
-    owner_of,
     storage_state_name,
 )
 
 __all__ = [
-    "CLOCK_SKEW_SECONDS",
     "OVER_PARALLEL_LIMIT",
     "PRESUMED_DEAD",
     "RUNNING_ELSEWHERE",
@@ -52,17 +50,13 @@ __all__ = [
     "busy_reason",
     "finished_at",
     "is_finished",
-    "lease_owners",
     "migration_resource",
     "plan_dispatch",
-    "possible_writers",
     "presumed_dead",
     "queued_reason",
     "was_presumed_dead",
 ]
 
-#: How far apart two machines' clocks may be: a request's times are its run's clock.
-CLOCK_SKEW_SECONDS = 10.0
 #: Reason of a pick that does not fit in ``max_parallel`` this time.
 OVER_PARALLEL_LIMIT = "over the parallel limit"
 #: Reason of a Running migration whose lease is live: another flow run owns it.
@@ -157,63 +151,13 @@ def _lease_is_live(migration: StorageVersionMigration, *, now: datetime, lease_s
     return (now - condition.last_update_time).total_seconds() <= lease_seconds
 
 
-def possible_writers(
-    migrations: Sequence[StorageVersionMigration],
-    *,
-    now: datetime,
-    lease_seconds: float,
-    slots_read_at: datetime,
-    ended: Collection[str] = (),
-) -> int:
-    """How many runs may hold a writer's slot of the budget now (issue 31): a run holds one only
-    while its request is Running (it joins after marking it, and leaves before its verdict), and
-    refreshes it within ``lease_seconds`` (longer than Prefect's 60 s slot lease). A request that
-    finished after ``slots_read_at`` (less CLOCK_SKEW_SECONDS: its time is its run's clock)
-    counts too: its run may have left after the slots were read. One that finished before had
-    left already: it never hides a ghost (the bench found a 600 s window hid every ghost of
-    migrations run one after another). More slots than this are ghosts: slots whose lease a
-    restarted Prefect server lost. A request in ``ended`` (its claiming run ended in Prefect) has
-    no writer."""
-    if now.tzinfo is None:
-        now = now.replace(tzinfo=UTC)
-    if slots_read_at.tzinfo is None:
-        slots_read_at = slots_read_at.replace(tzinfo=UTC)
-    since = slots_read_at - timedelta(seconds=CLOCK_SKEW_SECONDS)
-    count = 0
-    for migration in migrations:
-        if migration.metadata.name in ended:
-            continue
-        done = finished_at(migration)
-        recent = done is not None and done >= since
-        if recent or _lease_is_live(migration, now=now, lease_seconds=lease_seconds):
-            count += 1
-    return count
-
-
-def lease_owners(
-    migrations: Sequence[StorageVersionMigration], *, now: datetime, lease_seconds: float
-) -> dict[str, str]:
-    """The requests whose live lease a recorded flow run holds, and that run's id (issue 31): the
-    runs a dispatcher asks Prefect about. A request with no owner recorded (claimed by a run of
-    an earlier version) keeps its lease as before."""
-    if now.tzinfo is None:
-        now = now.replace(tzinfo=UTC)
-    owners: dict[str, str] = {}
-    for migration in migrations:
-        owner = owner_of(migration)
-        name = migration.metadata.name
-        if name and owner and not is_finished(migration) and _lease_is_live(migration, now=now,
-                                                                              lease_seconds=lease_seconds):  # fmt: skip
-            owners[name] = owner
-    return owners
-
-
 def presumed_dead(
     migration: StorageVersionMigration | None,
     *,
     claimed_at: datetime | None,
     now: datetime,
     lease_seconds: float,
+    held: bool | None = None,
 ) -> bool:
     """Whether a flow run that a worker took for ``migration`` (Prefect shows it
     Pending or Running since ``claimed_at``) has died.
@@ -227,7 +171,8 @@ def presumed_dead(
     seconds of writing the verdict, so one still shown Pending or Running a
     whole lease later was killed while wrapping up, and would wait for ever.
     Never for a request that is gone (the run cancels itself), nor for a run no
-    worker has taken (None: it waits for one).
+    worker has taken (None: it waits for one). ``held`` (issue 37): whether the
+    request's writer Lease is live, which then stands for the request's lease.
     """
     if migration is None or claimed_at is None:
         return False
@@ -238,6 +183,8 @@ def presumed_dead(
     if is_finished(migration):
         done = finished_at(migration)
         return done is not None and (now - done).total_seconds() > lease_seconds
+    if held is not None:
+        return not held
     return not _lease_is_live(migration, now=now, lease_seconds=lease_seconds)
 
 
@@ -270,14 +217,15 @@ def plan_dispatch(
     max_parallel: int,
     lease_seconds: float,
     active: Collection[str] = (),
-    ended: Collection[str] = (),
+    held: Mapping[str, str] | None = None,
 ) -> DispatchPlan:
     """Pick the migrations to start now: at most one per resource, at most ``max_parallel`` busy.
 
     ``active`` names group-resources (``secrets``, ``deployments.apps``) that are
     busy for reasons the objects do not show, e.g. flow runs in progress that
-    have not yet set their Running condition. ``ended`` names migrations whose
-    owner's flow run Prefect shows ended (issue 31): their lease holds nothing.
+    have not yet set their Running condition. ``held`` (issue 37): the requests
+    whose writer Lease is live, and its holder; given, it alone says which are held
+    (``lease_seconds`` then plays no part); None: the Running condition's lease does.
     """
     if max_parallel < 0:
         raise ValueError(f"max_parallel must be >= 0, got {max_parallel}")
@@ -304,7 +252,8 @@ def plan_dispatch(
     live: set[str] = set()
     for migration in pending:
         name = migration.metadata.name or ""
-        if name not in ended and _lease_is_live(migration, now=now, lease_seconds=lease_seconds):
+        alive = name in held if held is not None else _lease_is_live(migration, now=now, lease_seconds=lease_seconds)
+        if alive:
             live.add(name)
             holders.setdefault(migration_resource(migration), name)
     busy = set(holders) | set(active)

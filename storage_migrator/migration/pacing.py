@@ -1,13 +1,13 @@
-"""Pacing writes: one budget shared by every worker, spent in batches.
+"""Pacing writes: a token bucket, and what the chunk loop asks before each write.
 
-Design decision (DESIGN 4.5, PREFECT.md "Rate limits across workers"): the
-shared budget is a Prefect global concurrency limit with slot decay, and one
-acquisition is one server round trip, so it is taken `batch` writes at a time
-(`WriteBudget.take`), while a local token bucket (`LocalRateLimiter`) paces the
-individual writes inside the process at the same rate, so a batch does not go
-out as a burst. This module knows nothing of Prefect: the budget is a
-`Protocol`; `tasks/` implements it over Prefect, and `LocalRateLimiter` alone
-keeps the promise when no Prefect server is reachable.
+Design decision (DESIGN 4.5; issue 37): the chunk loop knows two things about the budget,
+`Pacer.before_write`, called by each writing thread before each write (retries included),
+and `Pacer.after_write`, once its answer is in (or the request failed): a write counts in
+the budget's window from its answer, the latest it can have reached the API server, so that
+writes let go on time but sent late by a loaded client never arrive bunched beyond it.
+The run's share of the budget every writer in the cluster shares is
+`request_lease.LeasePacer` (its request's Lease, write_budget.py's rule); `LocalPacer`
+paces one run alone; `NoPacing` is for tests and benchmarks of raw speed.
 """
 
 from __future__ import annotations
@@ -17,13 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["BatchedPacer", "LocalRateLimiter", "NoPacing", "Pacer", "WriteBudget"]
-
-
-class WriteBudget(Protocol):
-    """Permission for `n` more writes from the budget all workers share; blocks until granted."""
-
-    def take(self, n: int) -> None: ...
+__all__ = ["LocalPacer", "LocalRateLimiter", "NoPacing", "Pacer"]
 
 
 class LocalRateLimiter:
@@ -64,49 +58,32 @@ class LocalRateLimiter:
 
 
 class Pacer(Protocol):
-    """What the chunk loop needs: admit writes from the shared budget, pace each one."""
-
-    batch: int
-
-    def admit(self, n: int) -> None: ...
+    """What the chunk loop needs: block until the next write may go out (or raise to stop the
+    chunk), and hear when its answer is in."""
 
     def before_write(self) -> None: ...
+
+    def after_write(self) -> None: ...
 
 
 class NoPacing:
     """No budget and no pacing (tests, benchmarks of raw speed)."""
 
-    batch = 1_000_000
-
-    def admit(self, n: int) -> None:
-        return None
-
     def before_write(self) -> None:
         return None
 
+    def after_write(self) -> None:
+        return None
 
-class BatchedPacer:
-    """Takes the shared budget `batch` writes at a time and paces each write locally.
 
-    `admit` is called by the thread that queues the writes (the task's own
-    thread: Prefect's concurrency client misbehaves when called from worker
-    threads, seen here as 2 s per call and minute-long stalls); `before_write`
-    by each writing thread.
-    """
+class LocalPacer:
+    """One run paced alone by a token bucket: its promise holds for itself only."""
 
-    def __init__(self, budget: WriteBudget, limiter: LocalRateLimiter, *, batch: int) -> None:
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch}")
-        self.batch = batch
-        self._budget = budget
+    def __init__(self, limiter: LocalRateLimiter) -> None:
         self._limiter = limiter
-        self._granted = 0
-
-    def admit(self, n: int) -> None:
-        while self._granted < n:
-            self._budget.take(self.batch)
-            self._granted += self.batch
-        self._granted -= n
 
     def before_write(self) -> None:
         self._limiter.acquire()
+
+    def after_write(self) -> None:
+        return None

@@ -11,11 +11,12 @@ under the same name is never written by the old run: the write answers 404 or
 
 Issue 31: a run that starts claims the request (`OWNER_ANNOTATION`, its flow run id), and
 every later write of the run is a compare-and-swap on the object's resourceVersion that
-first checks the claim is still its own. A dispatcher resumes a request at once when its
-owner's flow run has ended in Prefect (dispatch.plan_dispatch's `ended`), even if that
-run's process is still alive (Prefect marked it Crashed while it waited out an outage):
-the new run claims it, and the old one stops at its next write of the request, before
-overwriting the new run's checkpoint (`MigrationCancelled`, reason TakenOver).
+first checks the claim is still its own. Issue 37: who may claim it is its writer Lease's
+(`request_lease.py`): a run claims a request only after it took the request's Lease, which it
+takes only from a holder whose Lease expired. The claim fences the request's own writes: a run
+taken over while alive stops at its next write of the request, before overwriting the new
+run's checkpoint (`MigrationCancelled`, reason TakenOver), as its writes of objects stop at
+their next one (its Lease says it lost the request).
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class MigrationRecord:
         if self.owner and holder and holder != self.owner:
             raise MigrationCancelled(
                 f"{MIGRATIONS_KIND_NAME}/{self.name} was taken over by flow run {holder}: this run ({self.owner}) "
-                "stops without writing it again (a dispatcher found it ended in Prefect, or its lease run out)",
+                "stops without writing it again (its writer Lease had expired, and the other run took the request over)",
                 reason=TAKEN_OVER,
             )
 
@@ -289,18 +290,11 @@ class MigrationRecord:
         extra = {"encryption_config_hash": config_hash} if config_hash else {}
         self._status_patch(conditions, progress=MigrationProgress(), failures=[], resource_version=None, **extra)
 
-    def hold(self, *, now: datetime, reason: str, message: str) -> None:
-        """Still Running, the checkpoint kept: the lease refreshed while the run waits (issue 31:
-        for the Prefect server), so no dispatcher resumes the request beside it."""
+    def note_step(self, *, now: datetime, reason: str, message: str) -> None:
+        """Still Running, the checkpoint kept: the step a run waits on, for `kubectl get` (issue 36:
+        the in-tree engine's steps). Which run holds the request is its writer Lease's (issue 37)."""
         conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
                                    status="True", now=now, reason=reason, message=message)  # fmt: skip
-        self._status_patch(conditions)
-
-    def suspend(self, *, now: datetime, reason: str, message: str) -> None:
-        """No longer Running, not finished, the checkpoint kept: a run that gave up (issue 31);
-        the next dispatch resumes it at once (no lease to wait for)."""
-        conditions = set_condition(self.migration.status.conditions, condition_type=CONDITION_RUNNING,
-                                   status="False", now=now, reason=reason, message=message)  # fmt: skip
         self._status_patch(conditions)
 
     def finish(self, *, succeeded: bool, now: datetime, reason: str, message: str) -> None:

@@ -2,8 +2,8 @@
 
 Design decision (issue 13, seed 002 "< 10 writes/s by default"; DESIGN 4.5): the
 promise is a count per window, at most `rate * window` writes in any `window`
-seconds (10 s) across all writers. Each running migration holds one lease on a
-shared counter (the writers) and paces itself at its share
+seconds (10 s) across all writers. Each running migration holds one lease (issue 37:
+a Lease in the cluster, write_budget.py) and paces itself at its share
 
     share_pace(rate, n) = (rate * (window - JITTER) / n - 1) / window
 
@@ -41,7 +41,8 @@ the budget, 2 * CATCH_UP_SECONDS of the joiner's share.
 tests/unit/migration/test_write_share.py simulates joins, leaves, slow reads and pauses
 and checks every 10 s window.
 
-This module knows nothing of Prefect: `tasks/write_budget.py` feeds it views.
+This module knows nothing of Prefect nor of Kubernetes: `request_lease.py` feeds it views
+read from the writers' Leases (issue 37; the rule of who counts: `write_budget.py`).
 """
 
 from __future__ import annotations
@@ -87,15 +88,19 @@ def join_wait(max_age: float) -> float:
 
 @dataclass(frozen=True)
 class ShareView:
-    """What the server said: the budget (writes/s) and how many writers hold a lease.
+    """What the cluster said: the budget (writes/s) and how many writers hold a lease.
 
     `sent_at` is when the read was sent (this process's monotonic clock): the
     view is known to include every writer that joined before that moment.
+    `members`, when known, names them (issue 37: each writer's Lease), so that a
+    writer that sees one leave as another joins between two reads keeps the
+    leaver's share until the joiner may write, as it would had it seen them apart.
     """
 
     rate: float
     writers: int
     sent_at: float
+    members: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,8 @@ class WindowedLimiter:
     """Paces one writer at its share (see the module docstring). Thread-safe; sleeps outside the lock.
 
     `acquire` blocks until the view is fresh, the bucket holds a write, and the
-    last window holds fewer writes than the pace allowed over it plus one.
+    last window holds fewer writes than the pace allowed over it plus one (a write
+    counting from its answer, `answered`, and as now until then).
     """
 
     def __init__(
@@ -131,9 +137,15 @@ class WindowedLimiter:
         self._sleep = sleep
         self._view: ShareView | None = None
         self._holds: list[_Hold] = []
+        #: writers named by the views that joined since the view before (member -> until when they
+        #: do not write yet, less the margin): views that name their writers (issue 37)
+        self._joining: dict[str, float] = {}
         #: when the views began to say "one writer" without a gap longer than max_age
         self._alone_since: float | None = None
-        self._writes: deque[float] = deque()
+        #: when the answers of this writer's writes came (the window counts them from then), and
+        #: how many writes were let go whose answer has not come yet (counted as now)
+        self._answered: deque[float] = deque()
+        self._in_flight = 0
         #: the pace over the last window: (start, end, writes per second)
         self._paced: deque[tuple[float, float, float]] = deque()
         self._tokens = 1.0
@@ -153,7 +165,16 @@ class WindowedLimiter:
                 return
             now = self._clock()
             self._advance(now)
-            if previous is not None and view.writers > previous.writers:
+            if previous is not None and view.members is not None and previous.members is not None:
+                # Named writers (their Leases): each one new since `previous` was sent writes no
+                # earlier than previous.sent_at + join_wait; until then (less the margin) its share
+                # is the others'. A writer gone since has stopped: its share is free at once, even
+                # while another joins (a dispatcher starts the next migration as one ends).
+                until = previous.sent_at + join_wait(self.max_age) - self._margin(now, view)
+                for member in view.members - previous.members:
+                    self._joining[member] = until
+                self._joining = {m: u for m, u in self._joining.items() if m in view.members and u > now}
+            elif previous is not None and view.writers > previous.writers:
                 # Someone joined after `previous` was sent: it writes no earlier than
                 # previous.sent_at + join_wait. Keep the pace until then, less the margin.
                 # The share of the writers `previous` counted, not the pace in force: that may be
@@ -179,12 +200,14 @@ class WindowedLimiter:
         return min(2 * CATCH_UP_SECONDS, view.writers / pace) if pace > 0 else 2 * CATCH_UP_SECONDS
 
     def _pace_at(self, t: float) -> float:
-        """The pace in force at `t`: 0 with no fresh view; else the view's share or a hold's, the larger."""
+        """The pace in force at `t`: 0 with no fresh view; else the share of the view's writers less
+        those that do not write yet, or a hold's, the larger."""
         view = self._view
         if view is None or t > view.sent_at + self.max_age:
             return 0.0
         held = max((h.pace for h in self._holds if t < h.until), default=0.0)
-        return max(share_pace(view.rate, view.writers, self.window), held)
+        waiting = sum(1 for until in self._joining.values() if t < until)
+        return max(share_pace(view.rate, max(1, view.writers - waiting), self.window), held)
 
     def _advance(self, now: float) -> None:
         """Refill the bucket with the pace since the last call (piecewise: holds end, the view
@@ -193,7 +216,7 @@ class WindowedLimiter:
             return
         fresh_until = -math.inf if self._view is None else self._view.sent_at + self.max_age
         t, added = self._advanced, 0.0
-        for edge in sorted({now, fresh_until, *(h.until for h in self._holds)}):
+        for edge in sorted({now, fresh_until, *(h.until for h in self._holds), *self._joining.values()}):
             if edge <= t:
                 continue
             end = min(edge, now)
@@ -209,6 +232,7 @@ class WindowedLimiter:
         self._tokens = min(self._capacity(now), self._tokens + added)
         self._advanced = now
         self._holds = [h for h in self._holds if h.until > now]
+        self._joining = {m: until for m, until in self._joining.items() if until > now}
         while self._paced and self._paced[0][1] <= now - self.window:
             self._paced.popleft()
 
@@ -234,16 +258,26 @@ class WindowedLimiter:
         pace = self._pace_at(now)
         if pace <= 0:
             return min(0.05, self.max_age)  # stale: wait for the next read (DESIGN 4.5)
-        while self._writes and self._writes[0] <= now - self.window:
-            self._writes.popleft()
-        if len(self._writes) >= self._allowed(now):
-            # the window's count leaves room as its oldest write leaves it, or as the pace adds up
-            return min(self._writes[0] + self.window - now + 1e-6, 1.0 / pace)
+        while self._answered and self._answered[0] <= now - self.window:
+            self._answered.popleft()
+        if len(self._answered) + self._in_flight >= self._allowed(now):
+            # the window's count leaves room as its oldest write leaves it, an answer comes, or the pace adds up
+            oldest = self._answered[0] + self.window - now + 1e-6 if self._answered else 1.0 / pace
+            return min(oldest, 1.0 / pace)
         if self._tokens < 1.0:
             return (1.0 - self._tokens) / pace
         self._tokens -= 1.0
-        self._writes.append(now)
+        self._in_flight += 1
         return 0.0
+
+    def answered(self) -> None:
+        """A write let go by `acquire` has its answer (or failed): from now on it counts in the window
+        as of now. A write arrives at the API server between its release and its answer, so counting
+        it from its answer, and until then as now, holds every window of arrivals to the count,
+        however late a loaded client sends what it let go on time."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight - 1)
+            self._answered.append(self._clock())
 
     def acquire(self, give_up: Callable[[], BaseException | None] | None = None) -> None:
         """Block until a write may go out. `give_up` is asked before each wait: what it

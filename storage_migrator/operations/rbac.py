@@ -21,7 +21,12 @@ ConfigMaps) only. This pure function builds the narrower role from discovery:
   are the shipped file's rules but for the ``*`` one; a unit test
   (tests/unit/operations/test_rbac.py) keeps the two equal, reading the file;
 - ``list`` on namespaces, which the ``*`` rule covers in the shipped file: the
-  cluster's identity, the uid of ``kube-system`` (issue 20).
+  cluster's identity, the uid of ``kube-system`` (issue 20);
+- a Role in the install's namespace (the setting ``namespace``) for the runs' writer
+  Leases (issue 37: the write budget and the one-writer lock, in the cluster): ``list``
+  them, ``create`` one's own, renew it (``patch``), take over an expired one
+  (``update``), ``delete`` one's own and expired ones. Never cluster-wide, and the same
+  Role in the shipped file and in the narrow role.
 
 Issue 36: on the in-tree engine (``engine="in-tree"``) kube-controller-manager writes,
 so each migrated resource gets ``list`` only (our baseline and our count are
@@ -62,6 +67,7 @@ __all__ = [
     "IDENTITY_LEASE_NAMESPACE",
     "IDENTITY_LEASE_RULES",
     "IN_TREE_RULES",
+    "WRITER_LEASE_RULES",
     "PolicyRule",
     "RoleManifest",
     "UnknownResource",
@@ -127,6 +133,11 @@ FIXED_RULES: Final[tuple[PolicyRule, ...]] = (
 #: rule already lists leases everywhere.)
 IDENTITY_LEASE_RULES: Final[tuple[PolicyRule, ...]] = (_rule(["coordination.k8s.io"], ["leases"], ["list"]),)
 IDENTITY_LEASE_NAMESPACE: Final = "kube-system"
+#: Issue 37: each run's request Lease in the install's namespace (storage_migrator/migration/writer_leases.py):
+#: a Role there, not a ClusterRole, in the shipped file as in the narrow role.
+WRITER_LEASE_RULES: Final[tuple[PolicyRule, ...]] = (
+    _rule(["coordination.k8s.io"], ["leases"], ["list", "create", "update", "patch", "delete"]),
+)
 #: Issue 20: which cluster a run talks to is the uid of kube-system, read by a metadata-only LIST of
 #: namespaces narrowed to it (storage_migrator/fleet/identity.py); the shipped role's ``*`` rule has it.
 CLUSTER_IDENTITY_RULES: Final[tuple[PolicyRule, ...]] = (_rule([""], ["namespaces"], ["list"]),)
@@ -232,8 +243,11 @@ def build_role(
     service_account: tuple[str, str] = DEFAULT_SERVICE_ACCOUNT,
     engine: EngineSetting = "client",
     aggregated_groups: frozenset[str] = frozenset(),
+    namespace: str = DEFAULT_SERVICE_ACCOUNT[0],
 ) -> RoleManifest:
-    """The ClusterRole for ``resources`` (or every resource detection tracks), bound to the workers.
+    """The ClusterRole for ``resources`` (or every resource detection tracks), bound to the workers,
+    with the Role of the API servers' identity Leases in kube-system and the Role of the writer
+    Leases in the install's ``namespace``.
 
     ``UnknownResource`` names every resource that cannot be granted: not served,
     not persisted, written only by PUT while ``allow_put`` is False, or (``engine``
@@ -253,14 +267,14 @@ def build_role(
             )
         left_out = {n: "serves no patch: needs update (PUT), left out by --no-put" for n in needs_put}
         targets = [t for t in targets if t[2] != "put"]
-    namespace, account = service_account
+    account_namespace, account = service_account
     engine_rules = IN_TREE_RULES if engine != "client" else ()
     role = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRole", "metadata": {"name": name},
             "rules": [r.to_wire() for r in (*_migrated_rules(targets, engine), *FIXED_RULES, *CLUSTER_IDENTITY_RULES,
                                             *engine_rules)]}  # fmt: skip
     binding = {"apiVersion": RBAC_API_VERSION, "kind": "ClusterRoleBinding", "metadata": {"name": name},
                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
-               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}  # fmt: skip
+               "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}]}  # fmt: skip
     lease_meta = {"name": f"{name}-apiserver-identity", "namespace": IDENTITY_LEASE_NAMESPACE}
     leases = {"apiVersion": RBAC_API_VERSION, "kind": "Role", "metadata": lease_meta,
               "rules": [r.to_wire() for r in IDENTITY_LEASE_RULES]}  # fmt: skip
@@ -268,8 +282,15 @@ def build_role(
                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": f"{name}-apiserver-identity"},
                       "subjects": binding["subjects"]}  # fmt: skip
+    writers_meta = {"name": f"{name}-writers", "namespace": namespace}
+    writers = {"apiVersion": RBAC_API_VERSION, "kind": "Role", "metadata": writers_meta,
+               "rules": [r.to_wire() for r in WRITER_LEASE_RULES]}  # fmt: skip
+    writers_binding = {"apiVersion": RBAC_API_VERSION, "kind": "RoleBinding", "metadata": dict(writers_meta),
+                       "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{name}-writers"},
+                       "subjects": binding["subjects"]}  # fmt: skip
+    items = [role, binding, leases, leases_binding, writers, writers_binding]
     return RoleManifest(
-        manifest={"apiVersion": "v1", "kind": "List", "items": [role, binding, leases, leases_binding]},
+        manifest={"apiVersion": "v1", "kind": "List", "items": items},
         resources=sorted({storage_state_name(g, r) for g, r, _ in targets}),
         left_out=left_out,
     )

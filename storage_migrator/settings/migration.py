@@ -22,9 +22,10 @@ class MigrationSettings(BaseModel):
         default=10.0,
         gt=0,
         description=(
-            "Object writes per second, shared by all workers (a Prefect global "
-            "concurrency limit with slot decay). Default 10: seed 002's goal of "
-            "'less than 10 qps of single object operations'."
+            "Object writes per second, shared by every migration writing in the cluster (issue 37: "
+            "each writer holds a Lease in the install's namespace carrying this rate; each paces "
+            "at the smallest rate of the live writers divided by their number, docs/migrations.md). "
+            "Default 10: seed 002's goal of 'less than 10 qps of single object operations'."
         ),
     )
     write_concurrency: int = Field(
@@ -94,37 +95,41 @@ class MigrationSettings(BaseModel):
         default=600.0,
         gt=0,
         description=(
-            "How long a Running migration counts as owned by a live run after its last "
-            "checkpoint, in seconds; after that run-migrations resumes it. Default 600: "
-            "a chunk of 500 objects at 10 writes/s takes about a minute, with retries a few."
+            "How long a flow run that a worker took may go without its request's writer Lease "
+            "before run-migrations presumes it dead and marks it Crashed in Prefect, in seconds "
+            "(the longest a flow run may take to start on your workers); also how often (a "
+            "quarter of it) a waiting run-migrations reads the requests again. Which run holds a "
+            "request is its writer Lease's (issue 37), not this. Default 600."
         ),
     )
     shared_write_budget: bool = Field(
         default=True,
         description=(
-            "Share the write rate among all workers through the Prefect server: the rate is "
-            "the slot decay of the global concurrency limit rate_limit_name, and each running "
-            "migration holds a lease on '<rate_limit_name>-writers' and writes its share "
-            "(docs/migrations.md). Default true. False paces each run locally at "
-            "write_rate_per_second (the budget then holds per run only)."
+            "Share write_rate_per_second with every migration writing in the cluster: the run's "
+            "writer Lease counts it among the writers, and it paces at its share (docs/migrations.md). "
+            "Default true. False paces the run alone at write_rate_per_second (the promise then "
+            "holds per run only); it still takes its request's Lease, the one-writer lock."
+        ),
+    )
+    namespace: str = Field(
+        default="storage-migrator",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description=(
+            "The install's namespace, where each writing run holds its request's Lease "
+            "(coordination.k8s.io/v1; issue 37). Default storage-migrator, the namespace of "
+            "`kubectl apply -k deployments/`. It must exist: a run refuses to write without it."
         ),
     )
     prefect_outage_seconds: float = Field(
         default=1800.0,
         gt=0,
         description=(
-            "How long a migration on the shared budget waits for an unreachable Prefect "
-            "server before it gives up, in seconds (issue 31). It writes nothing meanwhile "
-            "(the budget cannot be shared without the server) and keeps its request's lease; "
-            "when it gives up, its request is left Running=False, reason PrefectUnreachable, "
-            "with its checkpoint, and the next run-migrations resumes it at once. Default 1800."
-        ),
-    )
-    rate_limit_name: str = Field(
-        default="storage-migrator-writes",
-        min_length=1,
-        description=(
-            "Name of the Prefect global concurrency limit that budgets writes across "
-            "all workers (created idempotently, acquired with strict=True)."
+            "How long a migration whose work is done waits for an unreachable Prefect server to "
+            "record its end, in seconds (issue 37). Writes never wait for Prefect: the budget and "
+            "the request's lock are Leases in the cluster. A run that ends while the server is down "
+            "asks it every few seconds, then reports its final state; after this long it gives up "
+            "(its request's verdict is in the cluster either way). Default 1800."
         ),
     )

@@ -59,7 +59,7 @@ def deployed_stack(kubesim_session: Any, migration_crds: None, stack_postgres: P
         worker_env={
             "STORAGE_MIGRATOR_KUBECONFIG": kubesim_session.kubeconfig,
             "STORAGE_MIGRATOR_WRITE_RATE_PER_SECOND": "500",
-            # The real thing: one write budget shared through the server.
+            # The real thing: one write budget shared by every run, in the cluster (issue 37: Leases).
             "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "true",
         },
     )

@@ -21,6 +21,7 @@ from kubesim.etcd import prefix_end
 from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import list_migrations
+from storage_migrator.migration.writer_leases import list_writer_leases
 from storage_migrator.settings import Settings
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("migration_crds")]
@@ -65,13 +66,13 @@ def test_migrate_resource_deployment_runs_and_is_in_the_history(
         what="the flow run in the history",
     )  # fmt: skip
     assert "resource:configmaps" in run.tags and f"migration:{migration.metadata.name}" in run.tags
-    # DESIGN 4.5: writes share one budget: its rate is the limit's slot decay, and each
-    # running migration holds one writer's lease, released when the run ends.
+    # Issue 37: the write budget and the request's lock are a Lease in the cluster, deleted when
+    # the run ends; Prefect's global concurrency limits are no longer on the write path at all.
+    assert not [lease for lease in list_writer_leases(api, namespace="storage-migrator")
+                if lease.request == migration.metadata.name], "the run's writer Lease is gone"  # fmt: skip
     with stack.client() as client:
-        limit = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
-        writers = client.read_global_concurrency_limit_by_name("storage-migrator-writes-writers")
-    assert limit.active and limit.slot_decay_per_second == 500
-    assert writers.active and writers.active_slots == 0
+        limits = [limit.name for limit in client.read_global_concurrency_limits(limit=200, offset=0)]
+    assert not [name for name in limits if name.startswith("storage-migrator-writes")], limits
     api.close()
 
 

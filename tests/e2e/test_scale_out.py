@@ -1,16 +1,15 @@
 """Scale-out (issue 14, item 6): one Prefect server, two process workers pulling from
 one pool, three resources migrated at once across both, the shared write budget
-(a global concurrency limit with slot decay, DESIGN 4.5) holding across them, and a
+(each run's writer Lease in the cluster, issue 37; DESIGN 4.5) holding across them, and a
 worker killed mid-migration whose migration the other worker resumes.
 
-Judged by what kubesim counted (PATCH requests per resource, sampled every second),
-what etcd holds at the end, the StorageVersionMigration objects, each worker's own
-log and the server's flow-run history.
+Judged by what kubesim counted (PATCH requests per resource, sampled every second, and
+its timeline of every PATCH), what etcd holds at the end, the StorageVersionMigration
+objects, each worker's own log and the server's flow-run history.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import re
 import threading
@@ -58,7 +57,7 @@ KEEPER, VICTIM = WORKERS = ("alpha", "beta")
 SUBMITTED = re.compile(r"Worker '(\w+)' submitting flow run '([0-9a-f-]{36})'")
 #: The queues of this test's two workers: the tier's worker reads only `default` (conftest.py).
 DISPATCH_QUEUE, MIGRATION_QUEUE = "scale-out-dispatch", "scale-out"
-#: The workers' settings: one write budget for every run, shared through the server (the real
+#: The workers' settings: one write budget for every run, shared in the cluster (the real
 #: thing), at RATE; the detection poll at the end of run-migrations looks at RESOURCES only.
 WORKER_ENV = {
     "STORAGE_MIGRATOR_SHARED_WRITE_BUDGET": "true",
@@ -68,17 +67,16 @@ WORKER_ENV = {
     "STORAGE_MIGRATOR_MAX_PARALLEL_MIGRATIONS": str(len(RESOURCES)),
     "STORAGE_MIGRATOR_INCLUDE_RESOURCES": ",".join(RESOURCES),
 }
-BUDGET = "storage-migrator-writes"
+#: Tenths of a second in the budget's window (issue 13: "never above 1.0 in any 10 s window").
+WINDOW = 100
 
 
 @pytest.fixture
 def stack(deployed_stack: PrefectStack, kubesim: Any, clean_slate: Any, wait_for: Any) -> Iterator[PrefectStack]:
-    """The tier's stack (tests/e2e/conftest.py) once no run is under way, with the budget
-    starting afresh (the first run creates it at RATE); the test starts alpha and beta and moves
-    the migrations' deployments to their queues. Afterwards: the workers gone, the deployments
-    back on `default`, the budget removed (the next run creates it at its own rate)."""
+    """The tier's stack (tests/e2e/conftest.py) once no run is under way; the test starts alpha
+    and beta and moves the migrations' deployments to their queues. Afterwards: the workers gone,
+    the deployments back on `default`."""
     wait_for(lambda: not runs_under_way(deployed_stack), what="no flow run under way before the test")
-    remove_budget(deployed_stack)
     try:
         yield deployed_stack
     finally:
@@ -86,16 +84,6 @@ def stack(deployed_stack: PrefectStack, kubesim: Any, clean_slate: Any, wait_for
             if worker in deployed_stack.workers:
                 deployed_stack.kill_worker(worker)
         move_deployments(deployed_stack, dispatch=STACK_QUEUE, migrations=STACK_QUEUE)
-        remove_budget(deployed_stack)
-
-
-def remove_budget(stack: PrefectStack) -> None:
-    from prefect.exceptions import ObjectNotFound
-
-    with stack.client() as client:
-        for name in (BUDGET, f"{BUDGET}-writers"):
-            with contextlib.suppress(ObjectNotFound):
-                client.delete_global_concurrency_limit_by_name(name)
 
 
 def move_deployments(stack: PrefectStack, *, dispatch: str, migrations: str) -> None:
@@ -309,21 +297,20 @@ def assert_ran_at_once_on_both_workers(stack: PrefectStack, runs: dict[str, Any]
     )
 
 
-def assert_budget_held(samples: list[Sample], budget: Any) -> float:
-    """(b) The limit is a token bucket: it grants at most `limit` slots at once and
-    `slot_decay_per_second` more per second, and a run writes only what it was granted.
-    So between any two samples the writes of both workers are at most rate x (the longest
-    the interval could have been: from the first read's start to the second's end) + one
-    bucket (`limit`: one batch). A slow machine only lowers the left side: this is a
-    ceiling on behaviour, not an assertion on speed. Returns the worst excess seen."""
-    assert budget.slot_decay_per_second == RATE
-    windows = [((b.total - a.total) - RATE * (b.t1 - a.t0), a, b) for i, a in enumerate(samples)
-               for b in samples[i + 1 :]]  # fmt: skip
-    excess, first, last = max(windows, key=lambda w: w[0])
-    assert excess <= budget.limit, (
-        f"{last.total - first.total} writes in at most {last.t1 - first.t0:.2f} s exceed {RATE}/s + {budget.limit}"
-    )
-    return float(excess)
+def assert_budget_held(kubesim: Any, since: int) -> int:
+    """(b) The promise (issue 13, seed 002): never more than RATE x 10 writes in any 10 s, counted
+    by kubesim's own record of when each PATCH arrived (every resource of every run, on both
+    workers, the killed one's included). A slow machine only lowers the count: this is a
+    ceiling on behaviour, not an assertion on speed. Returns the busiest window's writes."""
+    timeline = kubesim.admin.timeline()
+    per: dict[int, int] = {}
+    for resource in RESOURCES:
+        for tenth, n in timeline.get(f"patch {resource}", []):
+            if tenth >= since:
+                per[tenth] = per.get(tenth, 0) + n
+    most = max(sum(per.get(t, 0) for t in range(s, s + WINDOW)) for s in range(min(per), max(per) + 1))
+    assert most <= RATE * WINDOW / 10, f"{most} writes in a 10 s window, over the budget of {RATE * WINDOW // 10}"
+    return most
 
 
 def assert_resumed(kubesim: Any, ours: Any, names: dict[str, str], totals: dict[str, int], samples: list[Sample],
@@ -358,6 +345,7 @@ def test_two_workers_share_the_work_the_budget_and_a_crash(
     totals, names = prepare(stack, kubesim, namespace)
     ours = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
     kubesim.admin.reset_counters()
+    since = int(time.time() * 10)
     with Sampler(kubesim) as sampler:
         crash = run_kill_and_resume(stack, ours, names, wait_for)
     samples = sampler.samples
@@ -383,17 +371,14 @@ def test_two_workers_share_the_work_the_budget_and_a_crash(
         runs = wait_for(killed_runs_final, timeout=300, what="the killed runs to end in a final state")
     except pytest.fail.Exception as exc:
         pytest.fail(f"{exc}: {explain_runs(stack, crash)}")
-    with stack.client() as client:
-        budget = client.read_global_concurrency_limit_by_name("storage-migrator-writes")
-
     assert_ran_at_once_on_both_workers(stack, runs, samples, crash)
-    excess = assert_budget_held(samples, budget)
+    busiest = assert_budget_held(kubesim, since)
     assert_resumed(kubesim, ours, names, totals, samples, runs, crash)
 
-    # Measurements for the report (issue 13: SQLite's lock on the budget's acquisitions).
+    # Measurements for the report.
     writing = [s for s in samples if s.total > 0 and s.t1 < crash.at_monotonic]
     stalls = [b.t0 - a.t1 for a, b in itertools.pairwise(writing) if b.total == a.total]
-    locked = (stack.home / "server.log").read_text().count("database is locked")
-    print(f"\nscale-out: {samples[-1].total} writes in {samples[-1].t1 - samples[0].t0:.0f} s, worst window "
-          f"excess {excess:.1f} (allowance {budget.limit}), seconds without a write before the kill: "
-          f"{sum(stalls):.0f}, 'database is locked' in the server log: {locked}")  # fmt: skip
+    print(
+        f"\nscale-out: {samples[-1].total} writes in {samples[-1].t1 - samples[0].t0:.0f} s, busiest 10 s "
+        f"{busiest} (budget {RATE * WINDOW // 10}), seconds without a write before the kill: {sum(stalls):.0f}"
+    )

@@ -48,7 +48,7 @@ from storage_migrator.kube.writing import create_object, delete_object, patch_ob
 from storage_migrator.migration.chunk_terms import ChunkOptions, ChunkResult, MigrationAborted, add_progress
 from storage_migrator.migration.chunks import migrate_chunk
 from storage_migrator.migration.lookahead import PageAhead
-from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, Pacer
+from storage_migrator.migration.pacing import LocalPacer, LocalRateLimiter, Pacer
 from storage_migrator.migration.requests import (
     MIGRATIONS,
     TAKEN_OVER,
@@ -106,16 +106,14 @@ class RecordingSleep:
 class HookPacer:
     """A Pacer with no budget that calls `hook` before every write attempt."""
 
-    batch = 1_000_000
-
     def __init__(self, hook: Callable[[], None]) -> None:
         self.hook = hook
 
-    def admit(self, n: int) -> None:
-        return None
-
     def before_write(self) -> None:
         self.hook()
+
+    def after_write(self) -> None:
+        return None
 
 
 @dataclass
@@ -585,16 +583,6 @@ def test_resource_no_longer_served_aborts_at_the_next_list(kubesim: Any, api: Ap
 # ----- pacing -------------------------------------------------------------------
 
 
-class RecordingBudget:
-    """A shared WriteBudget that grants at once and records what was taken."""
-
-    def __init__(self) -> None:
-        self.taken: list[int] = []
-
-    def take(self, n: int) -> None:
-        self.taken.append(n)
-
-
 class CountingLimiter(LocalRateLimiter):
     def __init__(self) -> None:
         super().__init__(1e6)  # no real pacing here: only counting
@@ -607,25 +595,19 @@ class CountingLimiter(LocalRateLimiter):
             self.acquired += 1
 
 
-def test_every_write_is_paid_for_from_the_shared_budget_in_batches(
-    kubesim: Any, api: ApiClient, widgets: Widgets
-) -> None:
-    """DESIGN 4.5: "Writes are rate limited by one budget shared by every worker
-    ... acquired ... in batches of k writes, the writes paced inside the process
-    by a local limiter". Over a whole migration (pages of 7, batches of 5, a few
-    transient faults) the budget is taken ceil(writes / 5) times, and every
-    write attempt, retries included, goes through the local limiter."""
+def test_every_write_attempt_is_paced_retries_included(kubesim: Any, api: ApiClient, widgets: Widgets) -> None:
+    """DESIGN 4.5: writes are paced by the write budget. Over a whole migration (pages of 7,
+    a few transient faults) every write attempt, retries included, waits for the pacer: the
+    budget counts what the API server receives, not objects."""
     widgets.create(api, 50)
     widgets.set_storage_version(api, "v2")
     kubesim.admin.set_faults([{"resource": widgets.group_resource, "verb": "patch", "code": 503, "times": 4}])
-    budget = RecordingBudget()
     limiter = CountingLimiter()
 
-    run = migrate_all(api, widgets.ref, pacer=BatchedPacer(budget, limiter, batch=5))
+    run = migrate_all(api, widgets.ref, pacer=LocalPacer(limiter))
 
     kubesim.admin.clear_faults()
     assert (run.progress.rewritten, run.retries) == (50, 4)
-    assert budget.taken == [5] * 10
     assert limiter.acquired == 54
 
 
@@ -949,9 +931,10 @@ def test_uid_guard_is_a_conflict_at_the_api(api: ApiClient, record: MigrationRec
 def test_a_run_taken_over_stops_before_it_writes_the_request_again(
     api: ApiClient, kubesim: Any, tmp_path: Path, record: MigrationRecord
 ) -> None:
-    """Issue 31: "A run whose process is alive but whose Prefect run is Failed or Crashed is
-    resumed by the next dispatch." The resumed run claims the request; the old one, still alive,
-    must not overwrite the new run's checkpoint (seed 003: one run at a time per resource)."""
+    """Issue 37: "A taken-over run writes no object after it learns of the takeover": a run takes
+    a request over once the old run's Lease expired (tests/integration/test_write_budget.py) and
+    claims it; the old one, still alive, must not overwrite the new run's checkpoint (seed 003:
+    one run at a time per resource)."""
     old = MigrationRecord.open(api, name=record.name, uid=record.uid, owner="run-old", claiming=True)
     old.claim()
     old.start(now=datetime.now(UTC), target_hash=None, message="migrating")
@@ -970,7 +953,7 @@ def test_a_run_taken_over_stops_before_it_writes_the_request_again(
 
     for write in (
         lambda: old.save(token="old-3", progress=MigrationProgress(chunks=3), failures=[], now=datetime.now(UTC)),
-        lambda: old.hold(now=datetime.now(UTC), reason="WaitingForPrefect", message="waiting"),
+        lambda: old.restart_pass(now=datetime.now(UTC), reason="StorageVersionChanged", message="again"),
         lambda: old.finish(succeeded=True, now=datetime.now(UTC), reason="Completed", message="done"),
         lambda: MigrationRecord.open(api, name=record.name, uid=record.uid, owner="run-old"),
     ):

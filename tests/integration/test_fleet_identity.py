@@ -96,10 +96,10 @@ def test_a_block_pointed_at_another_cluster_fails_before_any_write(
 
     assert first.is_completed(), first.message
     assert Variable.get(identity_variable(block_only)) == {"uid": uid_a}
-    # "the write budget: one global concurrency limit per cluster, its name derived from the cluster"
+    # Issue 37: the write budget is counted in each cluster (its writer Leases), never in a Prefect limit.
     with get_client(sync_client=True) as client:
-        budget = client.read_global_concurrency_limit_by_name(f"storage-migrator-writes-{block_only}")
-    assert budget.slot_decay_per_second > 0
+        limits = [limit.name for limit in client.read_global_concurrency_limits(limit=200, offset=0)]
+    assert not [name for name in limits if block_only in name], limits
 
     # The block's kubeconfig now points at cluster B: its identity is not the one recorded.
     KubernetesClusterConfig.from_file(other_kubeconfig).save(block_only, overwrite=True)
@@ -112,6 +112,7 @@ def test_a_block_pointed_at_another_cluster_fails_before_any_write(
     assert f"prefect variable delete {identity_variable(block_only)}" in second.message
     after = stored(other, b"/registry/")
     assert not [k for k in after if k.startswith(MIGRATIONS)], "no request was created in cluster B"
+    assert not [k for k in after if k.startswith(b"/registry/leases/storage-migrator/")], "no writer Lease in B"
     configmaps = b"/registry/configmaps/"
     assert {k: r for k, r in after.items() if k.startswith(configmaps)} == {
         k: r for k, r in before.items() if k.startswith(configmaps)

@@ -42,7 +42,8 @@ def snapshot(kubesim: Kubesim) -> dict[bytes, int]:
 
 @pytest.fixture
 def cleanup(kubectl: Kubectl) -> Iterator[None]:
-    """Everything but the CRDs (the session's tests use them) is removed afterwards."""
+    """Everything but the CRDs (the session's tests use them) is removed afterwards, and the install's
+    namespace made again, empty: the session's migrations hold their writer Leases there (issue 37)."""
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", check=False)
     yield
     for kind in ("clusterrolebindings.rbac.authorization.k8s.io", "clusterroles.rbac.authorization.k8s.io"):
@@ -51,6 +52,7 @@ def cleanup(kubectl: Kubectl) -> Iterator[None]:
                  "validatingadmissionpolicies.admissionregistration.k8s.io"):  # fmt: skip
         kubectl("delete", kind, "storage-migrator-flow-run-jobs", "--ignore-not-found", check=False)
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", check=False)
+    kubectl("create", "namespace", NAMESPACE)
 
 
 def test_every_protected_group_crd_we_ship_carries_the_approval_annotation() -> None:
@@ -71,6 +73,9 @@ def test_kustomize_renders_the_install_and_crds_plus_rbac_are_the_process_pool_c
         ("ServiceAccount", "storage-migrator"),
         ("ClusterRole", "storage-migrator"),
         ("ClusterRoleBinding", "storage-migrator"),
+        # Issue 37: the runs' writer Leases, in the install's namespace only.
+        ("Role", "storage-migrator-writers"),
+        ("RoleBinding", "storage-migrator-writers"),
     }
     worker = {
         ("ServiceAccount", "prefect-worker"),
@@ -131,6 +136,8 @@ def test_server_dry_run_stores_nothing_then_apply_installs(kubesim: Kubesim, kub
         b"/registry/clusterrolebindings/storage-migrator",
         b"/registry/validatingadmissionpolicies/storage-migrator-flow-run-jobs",
         b"/registry/validatingadmissionpolicybindings/storage-migrator-flow-run-jobs",
+        b"/registry/roles/storage-migrator/storage-migrator-writers",
+        b"/registry/rolebindings/storage-migrator/storage-migrator-writers",
     ):
         assert key in after, key
     crd = kubectl("get", "customresourcedefinitions.apiextensions.k8s.io",

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from kubesim.etcd import prefix_end
 from storage_migrator.conditions import is_condition_true
 from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.migration.requests import list_migrations, read_migration
+from storage_migrator.migration.write_budget import is_live
+from storage_migrator.migration.writer_leases import lease_name, list_writer_leases
 from storage_migrator.settings import Settings
 
 pytestmark = pytest.mark.usefixtures("migration_crds", "prefect_api")
@@ -348,13 +351,23 @@ class FlowForker:
         self.proc.stdout.close()
 
 
+def wait_until_free(api: Any, request: str) -> None:
+    """Until the request's writer Lease (a killed run's) has expired: no run takes it before."""
+    deadline = time.monotonic() + 60
+    while any(lease.name == lease_name(request) and is_live(lease, now=datetime.now(UTC))
+              for lease in list_writer_leases(api, namespace="storage-migrator")):  # fmt: skip
+        assert time.monotonic() < deadline, "the killed run's writer Lease never expired"
+        time.sleep(0.5)
+
+
 def test_killed_runs_resume_from_the_checkpoint(
     kubesim: Kubesim, namespace: str, core: Any, prefect_api: str, tmp_path: Path
 ) -> None:
     """seed 002 "Failure recovery": the continue token stored in the migration lets a
     new run "resume from where it left off"; DESIGN 4.5: a crash re-does at most one
-    chunk and never skips an object."""
-    count, chunk, kills = 120, 10, 3
+    chunk and never skips an object. Issue 37: the next run takes the request once the
+    killed run's writer Lease has expired (up to 15 s), and not before (test_write_budget.py)."""
+    count, chunk, kills = 120, 10, 2
     make_configmaps(core, namespace, count)
     kubesim.admin.set_storage_version("configmaps", "v2")
     api = api_client_from_settings(Settings(kubeconfig=kubesim.kubeconfig))
@@ -382,6 +395,7 @@ def test_killed_runs_resume_from_the_checkpoint(
                         if len(tokens_seen) % 2 == 0:
                             break
             forker.kill()
+            wait_until_free(api, name)
         forker.start(**params)
         assert forker.ended(timeout=180) == 0, forker.log.read_text()[-3000:]
     finally:

@@ -19,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,15 @@ from storage_migrator.kube.writing import (
     rewrite_with_put,
 )
 from storage_migrator.migration.requests import MIGRATIONS, create_migration, list_migrations, read_migration
+from storage_migrator.migration.writer_leases import (
+    LEASES,
+    create_lease,
+    delete_lease,
+    lease_body,
+    list_writer_leases,
+    renew_lease,
+    replace_lease,
+)
 from storage_migrator.models import new_storage_version_migration
 from storage_migrator.settings import Settings
 from tasks.dispatching import APISERVICES
@@ -69,11 +79,14 @@ SA_USER = "system:serviceaccount:storage-migrator:storage-migrator"
 SA_GROUPS = "system:serviceaccounts,system:serviceaccounts:storage-migrator"
 CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")
 NAMESPACE = "rbac-proven"
+#: The install's namespace (the RBAC file makes it): the runs' writer Leases (issue 37).
+INSTALL = "storage-migrator"
 FAST: dict[str, Any] = {"write_rate_per_second": 2000.0}
 
 
-def shipped_role(path: Path = RBAC_FILE) -> dict[str, Any]:
-    (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ClusterRole"]
+def shipped_role(path: Path = RBAC_FILE, kind: str = "ClusterRole") -> dict[str, Any]:
+    """The shipped ClusterRole, or its Role (issue 37: the writer Leases in the install's namespace)."""
+    (role,) = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == kind]
     return role
 
 
@@ -96,8 +109,13 @@ class RbacCluster:
         """The migrator's own client, as it builds it (DESIGN 4.1)."""
         return api_client_from_settings(Settings(kubeconfig=self.sa_kubeconfig))
 
-    def set_role_rules(self, rules: list[dict[str, Any]]) -> None:
+    def set_role_rules(self, rules: list[dict[str, Any]], kind: str = "ClusterRole") -> None:
         rbac = k8s.RbacAuthorizationV1Api(self.api)
+        if kind == "Role":
+            role = rbac.read_namespaced_role("storage-migrator-writers", "storage-migrator")
+            role.rules = rules
+            rbac.replace_namespaced_role("storage-migrator-writers", "storage-migrator", role)
+            return
         role = rbac.read_cluster_role("storage-migrator")
         role.rules = rules
         rbac.replace_cluster_role("storage-migrator", role)
@@ -117,8 +135,8 @@ def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RbacClust
         sa_kubeconfig = home / "storage-migrator.yaml"
         sa_kubeconfig.write_text(yaml.safe_dump(sa_config))
         api = k8s_config.new_client_from_config(config_file=str(admin_kubeconfig))
+        k8s_utils.create_from_yaml(api, str(RBAC_FILE))  # its namespace first: the CRDs' install makes it too
         install_migration_crds(api)
-        k8s_utils.create_from_yaml(api, str(RBAC_FILE))
         rbac = k8s.RbacAuthorizationV1Api(api)
         for binding in ("system:discovery", "system:public-info-viewer"):
             rbac.delete_cluster_role_binding(binding)
@@ -139,18 +157,6 @@ def rbac_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RbacClust
         api.close()
     finally:
         cluster.stop()
-
-
-@pytest.fixture(autouse=True)
-def local_write_pacing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The flows here pace their writes locally (STORAGE_MIGRATOR_SHARED_WRITE_BUDGET=false).
-
-    The shared budget is the Prefect server's (global concurrency limits, a writer's lease per
-    migration), never a request to the cluster: RBAC does not see it, and test_write_budget.py
-    and test_fleet_budgets.py prove it. Each lease is a write to the session's SQLite Prefect
-    server, where a write that meets another answers 503 ("database is locked") and the client
-    waits 2 s (4, 8) before it tries again: 2-4 of those waits per run of this module (issue 29)."""
-    monkeypatch.setenv("STORAGE_MIGRATOR_SHARED_WRITE_BUDGET", "false")
 
 
 def stored(rc: RbacCluster, resource: str) -> dict[str, codec.Stored]:
@@ -338,6 +344,26 @@ def probes(rc: RbacCluster) -> list[Probe]:
     def put(api: k8s.ApiClient) -> object:
         return rewrite_with_put(api, CONFIGMAPS, body=json.dumps(as_read()).encode())
 
+    def writer_lease(api: k8s.ApiClient) -> None:
+        """Issue 37: a run's request Lease, each verb as the run uses it: list, create, renew (patch),
+        take over once expired (update), give back (delete)."""
+        now = datetime.now(UTC)
+        body = lease_body(namespace=INSTALL, request="rbac-probe", holder="probe/1", acquired=now, renewed=now,
+                          transitions=0, writes_per_second=None)  # fmt: skip
+        list_writer_leases(api, namespace=INSTALL)
+        lease = create_lease(api, body)
+        try:
+            lease = renew_lease(api, namespace=INSTALL, name=lease.name, resource_version=lease.resource_version,
+                                renewed=now, writes_per_second=10.0)  # fmt: skip
+            taken = lease_body(namespace=INSTALL, request="rbac-probe", holder="probe/2", acquired=now, renewed=now,
+                               transitions=1, writes_per_second=None, resource_version=lease.resource_version)  # fmt: skip
+            lease = replace_lease(api, taken)
+            delete_lease(api, lease, namespace=INSTALL)
+        finally:
+            leftover = [le for le in list_writer_leases(admin, namespace=INSTALL) if le.request == "rbac-probe"]
+            for left in leftover:
+                delete_object(admin, LEASES, name=left.name, namespace=INSTALL)
+
     def create_and_delete_request(api: k8s.ApiClient) -> None:
         created = create_migration(api, new_storage_version_migration(group="", version="v1", resource="secrets"))
         name = str(created.metadata.name)
@@ -393,6 +419,7 @@ def probes(rc: RbacCluster) -> list[Probe]:
         Probe("API servers' identity Leases", lambda api: list_identity_leases(api)),
         Probe("/metrics", lambda api: read_config_samples(api, via="probe")),
         Probe("create, read and delete an in-tree migration", create_and_delete_in_tree),
+        Probe("a run's writer Lease", writer_lease),
     ]
 
 
@@ -437,18 +464,26 @@ def test_with_the_whole_role_nothing_is_forbidden(rbac_cluster: RbacCluster) -> 
 
 
 RULES = shipped_role()["rules"]
+#: Every rule of the shipped file: the ClusterRole's, and the Role's in the install's namespace (issue 37).
+EVERY_RULE = [("ClusterRole", i) for i in range(len(RULES))] + [
+    ("Role", i) for i in range(len(shipped_role(kind="Role")["rules"]))
+]
 
 
-@pytest.mark.parametrize("index", range(len(RULES)), ids=[describe(r) for r in RULES])
-def test_without_any_one_rule_something_fails_naming_the_permission(rbac_cluster: RbacCluster, index: int) -> None:
+@pytest.mark.parametrize(("kind", "index"), EVERY_RULE,
+                         ids=[f"{k}:{describe(shipped_role(kind=k)['rules'][i])}" for k, i in EVERY_RULE])  # fmt: skip
+def test_without_any_one_rule_something_fails_naming_the_permission(
+    rbac_cluster: RbacCluster, kind: str, index: int
+) -> None:
     """Issue 14: "removing any one rule makes something fail with a clear message naming
     the missing permission" (the rules are read from the YAML: a new one is covered)."""
-    removed = RULES[index]
-    rbac_cluster.set_role_rules([copy.deepcopy(r) for i, r in enumerate(RULES) if i != index])
+    rules = shipped_role(kind=kind)["rules"]
+    removed = rules[index]
+    rbac_cluster.set_role_rules([copy.deepcopy(r) for i, r in enumerate(rules) if i != index], kind)
     try:
         failures = run_probes(rbac_cluster)
     finally:
-        rbac_cluster.set_role_rules(copy.deepcopy(RULES))
+        rbac_cluster.set_role_rules(copy.deepcopy(rules), kind)
     assert failures, (
         f"nothing the migrator does needs rule {describe(removed)}: drop it from {RBAC_FILE.name}, "
         "or add to probes() the request that needs it"
@@ -573,9 +608,14 @@ def test_the_narrow_role_of_the_rbac_command_is_enough_for_a_key_rotation_and_no
     assert not any("leases" in r.get("resources", []) for r in role["rules"]), "leases: kube-system only"
     # Issue 19: the identity Leases through a Role in kube-system, applied as printed.
     rbac = k8s.RbacAuthorizationV1Api(rc.api)
-    lease_role = next(i for i in items if i["kind"] == "Role")
-    lease_binding = next(i for i in items if i["kind"] == "RoleBinding")
-    assert lease_role["metadata"]["namespace"] == "kube-system", lease_role
+    lease_role = next(i for i in items if i["kind"] == "Role" and i["metadata"]["namespace"] == "kube-system")
+    lease_binding = next(i for i in items if i["kind"] == "RoleBinding" and i["metadata"]["namespace"] == "kube-system")
+    # Issue 37: the writer Leases' Role in the install's namespace is the shipped one (applied already).
+    writers = next(i for i in items if i["kind"] == "Role" and i["metadata"]["namespace"] == INSTALL)
+    assert (writers["metadata"], writers["rules"]) == (
+        shipped_role(kind="Role")["metadata"],
+        shipped_role(kind="Role")["rules"],
+    )
     rbac.create_namespaced_role("kube-system", lease_role)
     rbac.create_namespaced_role_binding("kube-system", lease_binding)
     rc.set_role_rules(role["rules"])

@@ -37,7 +37,7 @@ from storage_migrator.kube.connection import api_client_from_settings
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.migration.chunk_terms import ChunkOptions, add_progress
 from storage_migrator.migration.chunks import migrate_chunk
-from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter
+from storage_migrator.migration.pacing import LocalPacer, LocalRateLimiter
 from storage_migrator.migration.requests import failure_summary
 from storage_migrator.migration.settling import ServerTrouble
 from storage_migrator.models import MigrationProgress, ObjectFailure
@@ -58,11 +58,6 @@ OPTIONS = ChunkOptions(
     settle_window_seconds=60.0,
     settle_timeout_seconds=30.0,
 )
-
-
-class NoBudget:
-    def take(self, n: int) -> None:
-        return None
 
 
 def http(url: str, method: str = "GET", body: bytes | None = None, ctype: str | None = None) -> tuple[int, bytes]:
@@ -200,7 +195,7 @@ def test_a_migration_across_two_restarts_with_their_403_window_fails_nothing(clu
     admin = Admin(cluster.server.url)
     admin.set_encryption(["key2", "key1"])
     restarter = Restarter(cluster, namespace, at=[75, 300])
-    pacer = BatchedPacer(NoBudget(), LocalRateLimiter(250.0, burst=4), batch=OPTIONS.limit)
+    pacer = LocalPacer(LocalRateLimiter(250.0, burst=4))
     trouble = ServerTrouble(window_seconds=OPTIONS.settle_window_seconds)
     progress = MigrationProgress()
     failures: list[ObjectFailure] = []

@@ -27,7 +27,8 @@ def test_defaults() -> None:
     assert s.stale_after == 1200  # two poll periods (DESIGN 4.3)
     assert s.in_cluster is None
     assert s.include_resources == [] and s.exclude_resources == []
-    assert s.rate_limit_name == "storage-migrator-writes"
+    assert s.namespace == "storage-migrator"  # the kustomize install's (issue 37: the writer Leases' namespace)
+    assert s.shared_write_budget is True
 
 
 def test_every_field_is_described() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from storage_migrator.fleet.identity import IdentityVerdict, judge_identity
-from storage_migrator.fleet.names import budget_limit_name, cluster_tag, identity_variable
+from storage_migrator.fleet.names import cluster_tag, identity_variable
 
 A, B = "6f1c2d3e-0000-4000-8000-00000000000a", "6f1c2d3e-0000-4000-8000-00000000000b"
 
@@ -22,15 +22,12 @@ def test_first_seen_is_recorded_same_goes_on_changed_names_both() -> None:
 
 
 def test_the_default_cluster_keeps_todays_names_a_named_one_gets_its_own() -> None:
-    assert budget_limit_name("storage-migrator-writes", None) == "storage-migrator-writes"
-    assert budget_limit_name("storage-migrator-writes", "default") == "storage-migrator-writes"
-    assert budget_limit_name("storage-migrator-writes", "prod-eu") == "storage-migrator-writes-prod-eu"
     assert (cluster_tag(None), cluster_tag("prod-eu")) == ("cluster:default", "cluster:prod-eu")
 
 
 @pytest.mark.parametrize("name", ["Prod", "prod_eu", "-prod", "", "prod eu"])
 def test_a_name_prefect_would_not_give_a_block_is_refused_never_mapped(name: str) -> None:
-    """Mapping `Prod` and `prod` to one name would give two clusters one budget and one identity record."""
+    """Mapping `Prod` and `prod` to one name would give two clusters one identity record."""
     with pytest.raises(ValueError, match="KubernetesClusterConfig block name"):
         identity_variable(name)
 
@@ -71,17 +68,3 @@ def test_a_fleet_verdict_is_each_clusters_own_and_completed_only_when_all_are() 
     assert fleet_verdict("rotation to key key2", [a]).completed
     with pytest.raises(ValueError, match="no cluster"):
         fleet_verdict("rotation to key key2", [])
-
-
-@pytest.mark.parametrize("name", ["writers", "prod-writers"])
-def test_a_name_that_would_be_another_clusters_writers_counter_is_refused(name: str) -> None:
-    """Issue 20: "Two clusters migrating at once each get their full budget". Cluster `prod-writers`'s
-    budget would be named as cluster `prod`'s count of writers (and `writers`'s as the default's)."""
-    from storage_migrator.fleet.names import writers_limit_name
-
-    assert writers_limit_name(budget_limit_name("storage-migrator-writes", "prod")) == (
-        "storage-migrator-writes-prod-writers"
-    )
-    with pytest.raises(ValueError, match="may not end in 'writers'"):
-        budget_limit_name("storage-migrator-writes", name)
-    assert budget_limit_name("storage-migrator-writes", "writers-eu") == "storage-migrator-writes-writers-eu"

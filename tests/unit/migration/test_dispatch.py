@@ -12,23 +12,19 @@ from hypothesis import strategies as st
 
 from storage_migrator.conditions import get_condition, set_condition
 from storage_migrator.migration.dispatch import (
-    CLOCK_SKEW_SECONDS,
     OVER_PARALLEL_LIMIT,
     PRESUMED_DEAD,
     RUNNING_ELSEWHERE,
     DispatchPlan,
     Waiting,
     is_finished,
-    lease_owners,
     migration_resource,
     plan_dispatch,
-    possible_writers,
     presumed_dead,
     queued_reason,
     was_presumed_dead,
 )
 from storage_migrator.models import (
-    OWNER_ANNOTATION,
     StorageVersionMigration,
     StorageVersionMigrationStatus,
     new_storage_version_migration,
@@ -78,6 +74,8 @@ class Row:
     waiting: dict[str, str]
     max_parallel: int = 10
     active: tuple[str, ...] = ()
+    #: Issue 37: the requests whose writer Lease is live (None: the Leases were not read).
+    held: tuple[str, ...] | None = None
 
 
 ROWS = [
@@ -415,64 +413,44 @@ def test_a_run_the_dispatcher_presumed_dead_must_not_start_after_all(
     assert was_presumed_dead(history) is dead
 
 
-# Issue 31: "The dispatcher does not wait a lease for a run that is known dead. A run whose
-# process is alive but whose Prefect run is Failed or Crashed is resumed by the next dispatch."
-def owned(migration: StorageVersionMigration, owner: str) -> StorageVersionMigration:
-    migration.metadata.annotations = {**(migration.metadata.annotations or {}), OWNER_ANNOTATION: owner}
-    return migration
-
-
-def test_a_live_lease_whose_owner_ended_is_resumed_at_once() -> None:
-    held = owned(svm("held", "secrets", state="running", updated=FRESH), "run-1")
-    assert plan_dispatch([held], now=NOW, max_parallel=2, lease_seconds=LEASE).start == [], "the lease holds"
-    plan = plan_dispatch([held], now=NOW, max_parallel=2, lease_seconds=LEASE, ended={"held"})
-    assert plan.start == ["held"], plan
-    # Its resource is free for it, not for another request of the resource (seed 003: one at a time).
-    queued = svm("later", "secrets", age=-1)
-    plan = plan_dispatch([queued, held], now=NOW, max_parallel=2, lease_seconds=LEASE, ended={"held"})
-    assert plan.start == ["held"] and plan.waiting == [Waiting(name="later", reason=queued_reason("held"))], plan
-
-
-LEASE_OWNER_ROWS = [
-    ("a live lease with its owner recorded: asked about", owned(svm("a", "secrets", state="running", updated=FRESH), "r"),
-     {"a": "r"}),
-    ("a live lease claimed by a run of an earlier version (no owner): keeps its lease",
-     svm("a", "secrets", state="running", updated=FRESH), {}),
-    ("an expired lease: resumed anyway, nothing to ask", owned(svm("a", "secrets", state="running"), "r"), {}),
-    ("a finished request: never resumed", owned(svm("a", "secrets", state="succeeded", updated=FRESH), "r"), {}),
-    ("a request that gave up (Running False): resumed anyway", owned(svm("a", "secrets", state="stopped",
-                                                                          updated=FRESH), "r"), {}),
+# Issue 37: where the writer Leases were read, they say which requests a live run holds: a run
+# takes its request's Lease before it marks the request Running and holds it past its verdict.
+LEASE_ROWS = [
+    Row("a Running request whose writer Lease is live is held, whatever its condition's age",
+        [svm("a", "secrets", state="running", updated=STALE), svm("b", "secrets", age=1)], held=("a",),
+        start=[], waiting={"a": RUNNING_ELSEWHERE, "b": "resource busy with a"}),
+    Row("a Running request without a live writer Lease has no writer: resumed at once, its condition fresh or not",
+        [svm("a", "secrets", state="running", updated=FRESH)], held=(), start=["a"], waiting={}),
+    Row("its resource is free for it, not for another request of the resource (seed 003: one at a time)",
+        [svm("later", "secrets", age=-1), svm("a", "secrets", state="running", updated=FRESH)], held=(),
+        start=["a"], waiting={"later": queued_reason("a")}),
+    Row("a request not yet Running whose Lease is live (its run is starting) is held too",
+        [svm("a", "secrets")], held=("a",), start=[], waiting={"a": RUNNING_ELSEWHERE}),
+    Row("a held request uses up a parallel slot", [svm("a", "secrets"), svm("c", "configmaps")], max_parallel=1,
+        held=("a",), start=[], waiting={"a": RUNNING_ELSEWHERE, "c": OVER_PARALLEL_LIMIT}),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("rule", "migration", "owners"), LEASE_OWNER_ROWS, ids=[r[0] for r in LEASE_OWNER_ROWS])
-def test_lease_owners(rule: str, migration: StorageVersionMigration, owners: dict[str, str]) -> None:
-    assert lease_owners([migration], now=NOW, lease_seconds=LEASE) == owners, rule
+@pytest.mark.parametrize("row", LEASE_ROWS, ids=[row.rule for row in LEASE_ROWS])
+def test_the_writer_leases_say_which_requests_are_held(row: Row) -> None:
+    held = {name: f"flow-run-{name}/0a1b2c3d" for name in row.held or ()}
+    plan = plan_dispatch(row.migrations, now=NOW, max_parallel=row.max_parallel, lease_seconds=LEASE,
+                         active=row.active, held=held)  # fmt: skip
+    assert plan.start == row.start
+    assert {w.name: w.reason for w in plan.waiting} == row.waiting
 
 
-# Issue 31: "The writers' count must be right after any server restart": slots counted beyond
-# the runs that may hold one are ghosts. A run holds one only while its request is Running.
-READ = NOW - timedelta(seconds=2)  # when the healer read the slots
-WRITER_ROWS = [
-    ("a live lease: its run may hold a slot", [svm("a", "secrets", state="running", updated=FRESH)], (), 1),
-    ("an expired lease: its run died", [svm("a", "secrets", state="running")], (), 0),
-    ("finished after the slots were read: its run may have left since", [svm("a", "secrets", state="succeeded",
-                                                                              updated=NOW)], (), 1),
-    ("finished a few seconds before the slots were read: its clock may be behind", [svm(
-        "a", "secrets", state="succeeded", updated=READ - timedelta(seconds=CLOCK_SKEW_SECONDS - 1))], (), 1),
-    ("finished a minute before: its run had left (bench: a 600 s window hid every ghost)",
-     [svm("a", "secrets", state="succeeded", updated=FRESH)], (), 0),
-    ("finished long ago", [svm("a", "secrets", state="failed")], (), 0),
-    ("never started", [svm("a", "secrets")], (), 0),
-    ("a live lease whose claiming run ended in Prefect: no writer", [svm("a", "secrets", state="running",
-                                                                          updated=FRESH)], ("a",), 0),
-    ("two live leases, one claimed by an ended run", [svm("a", "secrets", state="running", updated=FRESH),
-                                                      svm("b", "configmaps", state="running", updated=FRESH)],
-     ("b",), 1),
+HELD_DEAD_ROWS = [
+    ("taken a lease ago, its request's Lease not live: dead", svm("a", "secrets", state="running", updated=FRESH),
+     False, True),
+    ("taken a lease ago, its request's Lease live (the condition stale): alive", svm("a", "secrets",
+                                                                                      state="running"), True, False),
+    ("a finished request: judged by its verdict's time, not the Lease", svm("a", "secrets", state="succeeded",
+                                                                              updated=FRESH), False, False),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("rule", "migrations", "ended", "count"), WRITER_ROWS, ids=[r[0] for r in WRITER_ROWS])
-def test_possible_writers(rule: str, migrations: list[StorageVersionMigration], ended: tuple[str, ...],
-                          count: int) -> None:  # fmt: skip
-    assert possible_writers(migrations, now=NOW, lease_seconds=LEASE, slots_read_at=READ, ended=ended) == count, rule
+@pytest.mark.parametrize(("rule", "migration", "held", "dead"), HELD_DEAD_ROWS, ids=[r[0] for r in HELD_DEAD_ROWS])
+def test_presumed_dead_by_the_writer_lease(rule: str, migration: StorageVersionMigration, held: bool,
+                                           dead: bool) -> None:  # fmt: skip
+    assert presumed_dead(migration, claimed_at=LONG_AGO, now=NOW, lease_seconds=LEASE, held=held) is dead, rule

@@ -1,11 +1,10 @@
 """Pacing writes (storage_migrator.migration.pacing), on a fake clock.
 
-DESIGN 4.5: "Writes are rate limited by one budget shared by every worker ...
-acquired with `strict=True` in batches of k writes, the writes paced inside the
-process by a local limiter; default 10 writes per second (seed 002)". Seed 002's
-goal: the migrator "should generate less than 10 qps of single object
-operations". The clock is a fake that the limiter's `sleep` advances, so rates
-are checked exactly and nothing waits.
+Seed 002's goal: the migrator "should generate less than 10 qps of single object
+operations". A run paced alone (`LocalPacer`) keeps it with a token bucket; the
+run's share of the cluster's budget is tests/unit/migration/test_write_budget.py's
+and test_write_share.py's. The clock is a fake that the limiter's `sleep` advances,
+so rates are checked exactly and nothing waits.
 """
 
 from __future__ import annotations
@@ -17,15 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage_migrator.migration.pacing import BatchedPacer, LocalRateLimiter, NoPacing, Pacer, WriteBudget
-
-
-class FreeBudget:
-    """A shared budget that never makes anyone wait."""
-
-    def take(self, n: int) -> None:
-        return None
-
+from storage_migrator.migration.pacing import LocalPacer, LocalRateLimiter, NoPacing, Pacer
 
 MIN_SLEEP = 1e-6
 
@@ -52,18 +43,6 @@ class FakeClock:
         with self._lock:
             self.slept.append(seconds)
             self.now += max(seconds, MIN_SLEEP)
-
-
-class RecordingBudget:
-    """A WriteBudget that grants at once and records every request."""
-
-    def __init__(self) -> None:
-        self.taken: list[int] = []
-        self._lock = threading.Lock()
-
-    def take(self, n: int) -> None:
-        with self._lock:
-            self.taken.append(n)
 
 
 class CountingLimiter(LocalRateLimiter):
@@ -145,55 +124,11 @@ def test_a_rate_must_be_positive(rate: float) -> None:
         LocalRateLimiter(rate)
 
 
-def write_chunk(pacer: Pacer, items: int, events: list[str] | None = None) -> None:
-    """What migrate_chunk does on its thread: admit a batch, then queue its writes."""
-    for i in range(items):
-        if i % pacer.batch == 0:
-            pacer.admit(min(pacer.batch, items - i))
-        if events is not None:
-            events.append("write")
-        pacer.before_write()
-
-
-@given(
-    chunks=st.lists(st.integers(min_value=0, max_value=60), max_size=20),
-    batch=st.integers(min_value=1, max_value=50),
-)
-def test_the_shared_budget_is_taken_once_per_batch_and_the_limiter_once_per_write(
-    chunks: list[int], batch: int
-) -> None:
-    """DESIGN 4.5: one acquisition of the shared budget is a server round trip,
-    so it is taken `batch` writes at a time (what a chunk leaves over pays for
-    the next chunk's first writes); each write is paced locally."""
-    budget = RecordingBudget()
-    limiter = CountingLimiter(1000, FakeClock())
-    pacer = BatchedPacer(budget, limiter, batch=batch)
-    for items in chunks:
-        write_chunk(pacer, items)
-    writes = sum(chunks)
-    assert budget.taken == [batch] * -(-writes // batch)
-    assert limiter.acquired == writes
-
-
-@given(admits=st.lists(st.integers(min_value=0, max_value=200), max_size=20), batch=st.integers(1, 50))
-def test_admitting_any_number_takes_whole_batches_and_never_more_than_needed(admits: list[int], batch: int) -> None:
-    budget = RecordingBudget()
-    pacer = BatchedPacer(budget, LocalRateLimiter(1), batch=batch)
-    admitted = 0
-    for n in admits:
-        pacer.admit(n)
-        admitted += n
-        # every admitted write is paid for, and less than one batch is held unspent
-        assert sum(budget.taken) - admitted in range(batch)
-    assert set(budget.taken) <= {batch}
-
-
-def test_threads_share_one_limiter_through_the_pacer() -> None:
-    budget = RecordingBudget()
+def test_a_local_pacer_paces_every_write_through_its_limiter_threads_included() -> None:
+    """What migrate_chunk's writing threads do: `before_write` before each write (retries included)."""
     clock = FakeClock()
     limiter = CountingLimiter(1000, clock)
-    pacer = BatchedPacer(budget, limiter, batch=7)
-    pacer.admit(200)  # the queueing thread admits; the writing threads pace
+    pacer: Pacer = LocalPacer(limiter)
 
     def worker() -> None:
         for _ in range(25):
@@ -205,37 +140,10 @@ def test_threads_share_one_limiter_through_the_pacer() -> None:
     for t in threads:
         t.join()
     assert limiter.acquired == 200
-    assert budget.taken == [7] * 29  # ceil(200 / 7)
     assert clock() - 1000.0 >= 199 / 1000 - 1e-6
 
 
-def test_the_budget_is_taken_before_the_writes_it_pays_for() -> None:
-    events: list[str] = []
-
-    class Budget:
-        def take(self, n: int) -> None:
-            events.append(f"take {n}")
-
-    budget: WriteBudget = Budget()
-    pacer = BatchedPacer(budget, LocalRateLimiter(1e9), batch=2)
-    write_chunk(pacer, 3, events)
-    write_chunk(pacer, 2, events)
-    # the second chunk's first write is paid by what the first chunk's last batch left over
-    assert events == ["take 2", "write", "write", "take 2", "write", "take 2", "write", "write"]
-
-
-def test_no_pacing_admits_and_paces_nothing() -> None:
+def test_no_pacing_paces_nothing() -> None:
     pacer: Pacer = NoPacing()
-    pacer.admit(10**9)
-    pacer.before_write()
-    assert pacer.batch >= 1
-
-
-def test_a_batch_must_be_at_least_one() -> None:
-    with pytest.raises(ValueError, match="batch"):
-        BatchedPacer(FreeBudget(), LocalRateLimiter(1), batch=0)
-
-
-def test_the_unlimited_budget_grants_everything() -> None:
-    budget: WriteBudget = FreeBudget()
-    budget.take(10**9)  # returns at once: nothing to wait for
+    for _ in range(1000):
+        pacer.before_write()  # returns at once: nothing to wait for

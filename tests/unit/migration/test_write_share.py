@@ -4,8 +4,9 @@ Issue 13: "at 10, 50 and 200 writes/s, achieved rate / budget between 0.95 and
 1.00 over the run and never above 1.0 in any 10 s window, with 1 and with 3
 migrations sharing the budget". Seed 002: the migrator "should generate less
 than 10 qps of single object operations". Here writers run on a simulated
-clock: each one's view of the server is refreshed every second (as
-tasks/write_budget.py does), writers join and leave, and every write time is
+clock: each one's view of the writers is refreshed every second (as
+storage_migrator/migration/request_lease.py does from its LISTs of the writer Leases,
+every half second), writers join and leave, and every write time is
 recorded; the promise is checked over every 10 s window exactly.
 """
 
@@ -57,14 +58,16 @@ def simulate(
     answer_delay: float = 0.0,
     writes_each: int | None = None,
     max_age: float = MAX_AGE,
+    named: bool = False,
 ) -> list[float]:
     """Writers holding a lease over [join, leave), each writing as fast as its limiter lets it
     except while `paused(writer, now)` (a chunk's LIST and checkpoint); with `writes_each`, a
     writer leaves once it has made that many (a migration of that many objects).
 
     A joiner reads the writers right after joining: alone, it starts at once;
-    otherwise it waits join_wait(MAX_AGE) (tasks/write_budget.WriterLease.join).
+    otherwise it waits join_wait(MAX_AGE) (storage_migrator/migration/request_lease.RequestLease.join).
     A read's answer arrives `answer_delay` seconds after it was sent (a slow server).
+    `named`: each view names the writers it counts (issue 37: their Leases), not only their number.
     """
     clock = Clock()
     limiters: dict[int, WindowedLimiter] = {}
@@ -96,7 +99,9 @@ def simulate(
                 next_try[i] = now
                 next_read[i] = now
             if now >= next_read[i]:
-                answers.append((now + answer_delay, i, ShareView(rate=rate, writers=holders(now), sent_at=now)))
+                names = frozenset(str(j) for j in range(len(spans)) if holding(j, now)) if named else None
+                view = ShareView(rate=rate, writers=holders(now), sent_at=now, members=names)
+                answers.append((now + answer_delay, i, view))
                 next_read[i] = now + refresh
             for answer in [a for a in answers if a[1] == i and a[0] <= now]:
                 answers.remove(answer)
@@ -104,6 +109,7 @@ def simulate(
             if now >= next_try[i] and not paused(i, now):
                 wait = limiters[i].wait_time()
                 if wait == 0:
+                    limiters[i].answered()  # answered at once: a window of the sim's arrivals is one of releases
                     writes.append(now)
                     made[i] = made.get(i, 0) + 1
                     if writes_each is not None and made[i] >= writes_each:
@@ -138,6 +144,23 @@ def test_a_joiner_and_a_leaver_keep_the_promise() -> None:
     assert max_in_window(writes) <= rate * WINDOW
     # a join costs little: the others keep their pace until the joiner may write
     assert len(writes) >= 0.95 * rate * 60.0
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_writer_that_leaves_as_another_joins_keeps_the_promise(named: bool) -> None:
+    """Issue 37: a dispatcher starts the next migration when one ends, so a join often comes with a
+    leave. Seen in one read, the count does not change, yet the joiner waits its join_wait. Views
+    that name the writers (their Leases) let the others keep the leaver's share until the joiner
+    may write; views that only count them leave it unused for that long. Both keep the promise."""
+    rate = 30.0
+    spans = [(0.0, 90.0), (0.0, 90.0), (0.0, 20.0), (20.0, 40.0), (40.0, 60.0), (60.0, 90.0)]
+    writes = simulate(rate, spans, until=90.0, named=named, refresh=0.5, max_age=2.5)
+    assert max_in_window(writes) <= rate * WINDOW
+    used = len(writes) / (rate * (90.0 - writes[0]))  # from the first write: the three first wait their join
+    if named:
+        assert used >= 0.96, used
+    else:
+        assert used < 0.96, f"{used}: counts alone lose the leaver's share while a joiner waits"
 
 
 def chunk_pauses(every: float, pause: float) -> Callable[[int, float], bool]:
@@ -238,8 +261,9 @@ def test_three_migrations_joining_one_after_another_use_the_budget(rate: float, 
     assert len(writes) >= at_least * rate * (writes[-1] - writes[0])
 
 
-def churn(seed: int) -> tuple[float, list[float]]:
-    """A random mix: 2 to 5 writers coming and going, slow answers, chunk pauses (rate, write times)."""
+def churn(seed: int, *, named: bool = False) -> tuple[float, list[float]]:
+    """A random mix: 2 to 5 writers coming and going, slow answers, chunk pauses (rate, write times);
+    `named`: views that name their writers (issue 37: each a Lease), else only count them."""
     import random
 
     rng = random.Random(seed)
@@ -249,15 +273,52 @@ def churn(seed: int) -> tuple[float, list[float]]:
     refresh = rng.choice([0.5, 0.5, 1.0])
     delay = min(rng.choice([0.0, 0.0, 0.3, 1.5, 2.4]), 2.5 - refresh)
     every, pause = rng.uniform(0.5, 5), rng.uniform(0.01, 1.0)
-    writes = simulate(rate, spans, until=75.0, refresh=refresh, answer_delay=delay, max_age=2.5,
+    writes = simulate(rate, spans, until=75.0, refresh=refresh, answer_delay=delay, max_age=2.5, named=named,
                       paused=lambda i, t: (t + 0.37 * i) % (every + pause) >= every)  # fmt: skip
     return rate, writes
 
 
+@pytest.mark.parametrize("named", [False, True])
 @pytest.mark.parametrize("seed", [3, 17, 42, 76])
-def test_writers_coming_and_going_keep_the_promise(seed: int) -> None:
+def test_writers_coming_and_going_keep_the_promise(seed: int, named: bool) -> None:
     """Random joins and leaves. Seed 76 found a joiner arriving while the others still kept
     their pace for an earlier one: a hold keeps the share of the writers the earlier read
-    counted, not the pace then in force (160 seeds were checked so when the rule was made)."""
-    rate, writes = churn(seed)
+    counted, not the pace then in force (160 seeds were checked so when the rule was made;
+    issue 37's named views, each writer's Lease, 200 more)."""
+    rate, writes = churn(seed, named=named)
     assert max_in_window(writes) <= rate * WINDOW
+
+
+@pytest.mark.parametrize("stall", [0.3, 1.0, 3.0])
+def test_writes_sent_late_by_a_stalled_client_never_arrive_bunched_over_the_budget(stall: float) -> None:
+    """Issue 37 (measured at kubesim under load: 1.006 of the budget in a 10 s window with writes
+    counted from their release): a loaded client lets writes go on time, then sends them late, all
+    at once. A write arrives between its release and its answer; counted from its answer (and
+    as now until then), no window of possible arrivals holds more than the budget, whatever the
+    stall. Here what is let go in the first `stall` seconds of every 15 is answered (arrives, at
+    the latest) all at once, 2 s after; the rest at once. Counted from their release instead, the
+    busiest window held 204, 218 and 257 writes of 200 (checked when the rule was made)."""
+    rate = 20.0
+    clock = Clock()
+    lim = WindowedLimiter(max_age=MAX_AGE, window=WINDOW, clock=clock, sleep=lambda s: None)
+    pending: list[float] = []  # answer times of writes let go
+    arrivals: list[float] = []
+    step, next_read, next_try = 0.001, 0.0, 0.0
+    while clock.now < 60.0:
+        now = clock.now
+        if now >= next_read:
+            lim.set_view(ShareView(rate=rate, writers=1, sent_at=now))
+            next_read = now + 0.5
+        for answer in [a for a in pending if a <= now]:
+            pending.remove(answer)
+            lim.answered()
+            arrivals.append(answer)  # the latest it can have arrived
+        if now >= next_try:
+            wait = lim.wait_time()
+            if wait == 0:
+                late = stall - now % 15 + 2.0 if now % 15 < stall else 0.01
+                pending.append(round(now + late, 6))
+            next_try = now + wait
+        clock.now = round(now + step, 6)
+    assert max_in_window(arrivals) <= rate * WINDOW
+    assert len(arrivals) >= 0.75 * rate * 60.0  # what a stall costs: writes held while its answers are late

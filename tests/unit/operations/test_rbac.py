@@ -20,6 +20,7 @@ from storage_migrator.operations.rbac import (
     EVERYTHING,
     FIXED_RULES,
     IN_TREE_RULES,
+    WRITER_LEASE_RULES,
     PolicyRule,
     RoleManifest,
     UnknownResource,
@@ -36,6 +37,33 @@ def cluster_role(path: Path = RBAC) -> dict[str, Any]:
     docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
     (role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     return role
+
+
+def shipped_writers_role() -> dict[str, Any]:
+    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    (role,) = [d for d in docs if d["kind"] == "Role"]
+    return role
+
+
+def test_the_writer_leases_are_granted_in_the_install_namespace_only() -> None:
+    """Issue 37: each run's request Lease (the budget and the lock) in the install's namespace: a Role,
+    bound to the workers' ServiceAccount; nothing of Leases cluster-wide beyond the `*` rewrite verbs."""
+    role = shipped_writers_role()
+    assert role["metadata"] == {"name": "storage-migrator-writers", "namespace": "storage-migrator"}
+    assert [PolicyRule.model_validate(r) for r in role["rules"]] == list(WRITER_LEASE_RULES)
+    docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
+    (binding,) = [d for d in docs if d["kind"] == "RoleBinding"]
+    assert binding["metadata"] == role["metadata"] and binding["roleRef"]["name"] == "storage-migrator-writers"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "storage-migrator",
+                                    "namespace": "storage-migrator"}]  # fmt: skip
+    for verb in ("create", "delete"):
+        assert not allowed("coordination.k8s.io", "leases", verb), "no Lease is created or deleted cluster-wide"
+
+
+def test_a_narrow_role_grants_the_writer_leases_in_the_namespace_it_is_told() -> None:
+    built = build_role(DISCOVERED, resources=["secrets"], namespace="migrator-eu")
+    writers = built.manifest["items"][4]
+    assert writers["metadata"] == {"name": "storage-migrator-writers", "namespace": "migrator-eu"}
 
 
 def allowed(group: str, resource: str, verb: str) -> bool:
@@ -117,13 +145,19 @@ DISCOVERED = [
 
 
 def _rules(built: RoleManifest) -> list[dict[str, Any]]:
-    role, binding, leases, leases_binding = built.manifest["items"]
+    role, binding, leases, leases_binding, writers, writers_binding = built.manifest["items"]
     assert (role["kind"], binding["kind"]) == ("ClusterRole", "ClusterRoleBinding")
     # Issue 19: the API servers' identity Leases, listed in kube-system only, by the same ServiceAccount.
     assert (leases["kind"], leases["metadata"]["namespace"]) == ("Role", "kube-system")
     assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}]
     assert leases_binding["roleRef"]["name"] == leases["metadata"]["name"]
     assert leases_binding["subjects"] == binding["subjects"]
+    # Issue 37: the runs' writer Leases, in the install's namespace only (a Role), by the same ServiceAccount.
+    assert (writers["kind"], writers["metadata"]["namespace"]) == ("Role", "storage-migrator")
+    assert writers["rules"] == [r.to_wire() for r in WRITER_LEASE_RULES] == [shipped_writers_role()["rules"][0]]
+    assert writers_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                          "name": writers["metadata"]["name"]}  # fmt: skip
+    assert writers_binding["subjects"] == binding["subjects"]
     # Issue 20: the cluster's identity (the uid of kube-system) is read by a LIST of namespaces.
     fixed = [r.to_wire() for r in (*FIXED_RULES, *CLUSTER_IDENTITY_RULES)]
     assert fixed[-1] == {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]}

@@ -10,7 +10,6 @@ id is the one ``/metrics`` hashes into ``apiserver_id_hash``. Listing it needs
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any, Final
 
 from kubernetes.client import ApiClient
@@ -19,6 +18,7 @@ from storage_migrator.agreement.server_configs import IdentityLease
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.transport import DEFAULT_TIMEOUT_SECONDS
+from storage_migrator.kube.wire_time import parse_time
 
 __all__ = ["IDENTITY_SELECTOR", "LEASES", "LEASE_NAMESPACE", "list_identity_leases"]
 
@@ -28,23 +28,13 @@ LEASE_NAMESPACE: Final = "kube-system"
 IDENTITY_SELECTOR: Final = "apiserver.kubernetes.io/identity=kube-apiserver"
 
 
-def _time(value: Any) -> datetime | None:
-    """metav1.MicroTime (``2026-11-22T03:58:21.123456Z``) or a plain RFC 3339 time."""
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _lease(item: dict[str, Any]) -> IdentityLease:
     meta, spec = item.get("metadata") or {}, item.get("spec") or {}
     duration = spec.get("leaseDurationSeconds")
     return IdentityLease(
         name=str(meta.get("name", "")),
         holder=str(spec.get("holderIdentity") or ""),
-        renew_time=_time(spec.get("renewTime")),
+        renew_time=parse_time(spec.get("renewTime")),
         duration_seconds=duration if isinstance(duration, int) else None,
     )
 

@@ -32,6 +32,7 @@ from storage_migrator.kube.discovery import DiscoveredResource
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.transport import DEFAULT_TIMEOUT_SECONDS
+from storage_migrator.kube.wire_time import parse_time
 
 __all__ = [
     "IN_TREE_GROUP",
@@ -61,15 +62,6 @@ def in_tree_version(discovered: Sequence[DiscoveredResource]) -> str | None:
     return next((v for v in IN_TREE_VERSIONS if v in served), None)
 
 
-def _time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def creator_of(metadata: Mapping[str, Any]) -> str | None:
     """The field manager that created the object: the one owning ``spec``, not through ``status``.
 
@@ -83,7 +75,7 @@ def creator_of(metadata: Mapping[str, Any]) -> str | None:
         if not isinstance(manager, str) or not manager or entry.get("subresource"):
             continue
         owns_spec = "f:spec" in as_mapping(entry.get("fieldsV1"))
-        when = _time(entry.get("time"))
+        when = parse_time(entry.get("time"))
         # Owners of spec first; then the earliest; entries without a time after those with one.
         candidates.append((0 if owns_spec else 1, when, index, manager))
     if not candidates:
@@ -168,11 +160,11 @@ class InTreeMigration(BaseModel):
             uid=uid,
             group=str(resource.get("group") or ""),
             resource=plural,
-            created_at=_time(metadata.get("creationTimestamp")),
+            created_at=parse_time(metadata.get("creationTimestamp")),
             phase=phase,
             resource_version=str(rv) if rv not in (None, "") else None,
-            running_since=_time(running.get("lastTransitionTime")) if running is not None else None,
-            finished_at=_time(deciding.get("lastTransitionTime")) if deciding and phase != "Running" else None,
+            running_since=parse_time(running.get("lastTransitionTime")) if running is not None else None,
+            finished_at=parse_time(deciding.get("lastTransitionTime")) if deciding and phase != "Running" else None,
             reason=str((deciding or {}).get("reason") or ""),
             message=str((deciding or {}).get("message") or ""),
             created_by=creator_of(metadata),

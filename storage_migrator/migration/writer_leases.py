@@ -18,7 +18,7 @@ reads and writes.
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from kubernetes.client import ApiClient
@@ -27,6 +27,7 @@ from storage_migrator.kube.errors import NotFound
 from storage_migrator.kube.listing import iterate_items
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.transport import DEFAULT_TIMEOUT_SECONDS
+from storage_migrator.kube.wire_time import micro_time, parse_time
 from storage_migrator.kube.writing import create_object, delete_object, patch_object, replace_object
 from storage_migrator.migration.write_budget import LEASE_SECONDS, WriterLease
 from storage_migrator.models import GROUP
@@ -42,7 +43,6 @@ __all__ = [
     "lease_body",
     "lease_name",
     "list_writer_leases",
-    "micro_time",
     "parse_lease",
     "renew_lease",
     "replace_lease",
@@ -84,20 +84,6 @@ def lease_name(request: str) -> str:
     return f"{whole[: _MAX_NAME - 11].rstrip('.-')}-{digest}"
 
 
-def micro_time(moment: datetime) -> str:
-    """metav1.MicroTime: RFC 3339 in UTC with microseconds."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _time(value: Any) -> datetime | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def _rate(value: Any) -> float | None:
     try:
         rate = float(value)
@@ -116,7 +102,7 @@ def parse_lease(item: dict[str, Any]) -> WriterLease:
         resource_version=str(meta.get("resourceVersion", "")),
         request=str(annotations.get(REQUEST_ANNOTATION) or name.removeprefix(_PREFIX)),
         holder=spec.get("holderIdentity") or None,
-        renewed=_time(spec.get("renewTime")),
+        renewed=parse_time(spec.get("renewTime")),
         duration_seconds=float(duration) if isinstance(duration, int | float) and duration > 0 else None,
         writes_per_second=_rate(annotations.get(RATE_ANNOTATION)),
         transitions=int(spec.get("leaseTransitions") or 0),

@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from kubesim import storagemigration
+from kubesim.coordination import is_lease, validate_lease
 from kubesim.crds import admit_custom_resource, crd_status, validate_crd
 from kubesim.errors import StatusError, bad_request, conflict, invalid
 from kubesim.resources import ResourceType
@@ -97,6 +98,8 @@ def prepare_for_create(rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
         obj = _admit_custom(rt, obj, None)
     if storagemigration.is_svm(rt):
         obj = storagemigration.admit_create(obj)
+    if is_lease(rt):
+        validate_lease(obj)
     return obj
 
 
@@ -112,6 +115,8 @@ def prepare_for_update(rt: ResourceType, new: dict[str, Any], old: dict[str, Any
         new = _admit_custom(rt, new, old)
     if storagemigration.is_svm(rt):
         new = storagemigration.admit_update(new, old)
+    if is_lease(rt):
+        validate_lease(new)
     return new
 
 

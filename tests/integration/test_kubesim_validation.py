@@ -331,3 +331,39 @@ def test_an_invalid_phase_through_the_status_subresource_is_refused(kubesim: Any
         assert stored_svm(kubesim, name)[1]["status"] == {"phase": "Running"}
     finally:
         custom.delete_cluster_custom_object(GROUP, VERSION, SVMS, name)
+
+
+def test_a_lease_the_real_server_refuses_is_refused_alike(kubesim: Any) -> None:
+    """pkg/apis/coordination/validation: "leaseDurationSeconds ... must be greater than 0",
+    "leaseTransitions ... must be greater than or equal to 0", and "preferredHolder ... may only
+    be specified if `strategy` is defined". The writer Leases (issue 37) are written through
+    kubesim: a Lease the real server would refuse must not pass here."""
+    api = k8s_config.new_client_from_config(config_file=kubesim.kubeconfig)
+    leases = k8s.CoordinationV1Api(api)
+    name, namespace = unique("refused"), "default"
+
+    def lease(**spec: Any) -> dict[str, Any]:
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name}, "spec": spec}
+
+    try:
+        with pytest.raises(k8s.ApiException) as refused:
+            leases.create_namespaced_lease(namespace, lease(leaseDurationSeconds=0, leaseTransitions=-1))
+        assert refused.value.status == 422
+        assert json.loads(refused.value.body)["message"] == (
+            f'Lease.coordination.k8s.io "{name}" is invalid: [spec.leaseDurationSeconds: Invalid value: 0: must be '
+            "greater than 0, spec.leaseTransitions: Invalid value: -1: must be greater than or equal to 0]"
+        )
+        with pytest.raises(k8s.ApiException) as forbidden:
+            leases.create_namespaced_lease(namespace, lease(holderIdentity="a", preferredHolder="b"))
+        assert json.loads(forbidden.value.body)["message"].endswith(
+            "spec.preferredHolder: Forbidden: may only be specified if `strategy` is defined"
+        )
+        leases.create_namespaced_lease(namespace, lease(holderIdentity="a", leaseDurationSeconds=15))
+        with pytest.raises(k8s.ApiException) as patched:
+            leases.patch_namespaced_lease(name, namespace, {"spec": {"leaseDurationSeconds": -5}})
+        assert patched.value.status == 422
+        assert leases.read_namespaced_lease(name, namespace).spec.lease_duration_seconds == 15
+    finally:
+        if any(item.metadata.name == name for item in leases.list_namespaced_lease(namespace).items):
+            leases.delete_namespaced_lease(name, namespace)
+        api.close()

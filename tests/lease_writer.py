@@ -13,7 +13,8 @@ at the end: {"first": wall time, "writes": n}.
 With --fork, a writer per stdin line {"kubeconfig", "request", "namespace", "rate", "seconds"}
 runs in a fork of this process, which imported everything once (a writer that joins costs no
 second of imports, which on a loaded 2-core machine slowed the others' writes at every join);
-each writes to LOG_DIR/<request>.log; at the end of stdin it prints {request: exit code}.
+each writes to LOG_DIR/<request>.log. It prints {"ready": true} once its imports are done, and
+at the end of stdin {request: exit code}.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ def main(kubeconfig: str, request: str, namespace: str, rate: float, seconds: fl
 def fork_writers(logs: str) -> None:
     """The --fork mode (see the module docstring). The parent starts no thread, so a fork holds no lock."""
     children: dict[int, str] = {}
+    print(json.dumps({"ready": True}), flush=True)  # imports done: the caller's schedule starts now
     for line in sys.stdin:
         spec = json.loads(line)
         pid = os.fork()

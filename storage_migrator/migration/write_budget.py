@@ -33,7 +33,7 @@ than MAX_VIEW_AGE_SECONDS (its pace is 0). A leaver stops writing before its Lea
 saying so. What is left is write_share's: each writer's window holds at most its pace
 over the window plus one write, and JITTER_SECONDS of every window is kept back.
 
-Pure: observations in, decisions out (tests/unit/migration/test_write_budget.py, a table).
+Pure: observations in, decisions out (tests/unit/migration/test_write_budget_rule.py, a table).
 """
 
 from __future__ import annotations

@@ -89,8 +89,11 @@ def test_json_and_table_carry_the_same_role(kubesim: Any, capsys: pytest.Capture
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["GRANTED", "BY", "API", "GROUPS", "RESOURCES", "NON-RESOURCE", "URLS", "VERBS"]
     assert lines[1].split() == ["ClusterRole", '""', "secrets", "-", "list,patch"]
-    # Issue 19: the API servers' identity Leases, in kube-system only.
-    assert lines[-1].split() == ["Role", "in", "kube-system", "coordination.k8s.io", "leases", "-", "list"]
+    # Issue 19: the API servers' identity Leases, in kube-system only; issue 37: the writer Leases, in the
+    # install's namespace only.
+    assert lines[-2].split() == ["Role", "in", "kube-system", "coordination.k8s.io", "leases", "-", "list"]
+    assert lines[-1].split() == ["Role", "in", "storage-migrator", "coordination.k8s.io", "leases", "-",
+                                 "list,create,update,patch,delete"]  # fmt: skip
     assert any("/metrics" in line for line in lines)
 
 

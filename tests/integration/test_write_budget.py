@@ -9,7 +9,7 @@ and until when"; "A taken-over run writes no object after it learns of the takeo
 
 The Leases are judged as the cluster holds them (read back through the API), the writes by
 kubesim's own per-second record of the PATCHes it received (`Admin.timeline()`), never by our
-count. The rule itself is tests/unit/migration/test_write_budget.py's table.
+count. The rule itself is tests/unit/migration/test_write_budget_rule.py's table.
 """
 
 from __future__ import annotations

@@ -95,7 +95,10 @@ def test_three_writers_joining_and_leaving_at_random_keep_the_budget_and_use_it(
     forker = subprocess.Popen([sys.executable, str(REPO / "tests" / "lease_writer.py"), "--fork", str(tmp_path)],
                               cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                               start_new_session=True)  # fmt: skip
-    assert forker.stdin is not None
+    assert forker.stdin is not None and forker.stdout is not None
+    # The schedule starts once the forker has imported everything (seconds on a loaded machine,
+    # which would otherwise come off the first writer's time and shorten the span).
+    assert json.loads(forker.stdout.readline()) == {"ready": True}
     since = int(time.time() * 10)
     began = time.monotonic()
     try:

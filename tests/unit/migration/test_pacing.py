@@ -2,7 +2,7 @@
 
 Seed 002's goal: the migrator "should generate less than 10 qps of single object
 operations". A run paced alone (`LocalPacer`) keeps it with a token bucket; the
-run's share of the cluster's budget is tests/unit/migration/test_write_budget.py's
+run's share of the cluster's budget is tests/unit/migration/test_write_budget_rule.py's
 and test_write_share.py's. The clock is a fake that the limiter's `sleep` advances,
 so rates are checked exactly and nothing waits.
 """

@@ -38,7 +38,7 @@ from storage_migrator.settings import Settings
 CONFIGMAPS = ResourceRef(version="v1", resource="configmaps")
 
 
-def main(kubeconfig: str, request: str, namespace: str, rate: float, seconds: float, threads: int = 4) -> None:
+def main(kubeconfig: str, request: str, namespace: str, rate: float, seconds: float, threads: int = 8) -> None:
     settings = Settings(kubeconfig=kubeconfig)
     api = api_client_from_settings(settings)
     objects = [(o["metadata"]["name"], o["metadata"]["resourceVersion"])

@@ -21,7 +21,7 @@ whoever sees it deletes it (conditionally, on its resourceVersion).
 
 Liveness is the holder's `renewTime + leaseDurationSeconds` against the reader's clock. A
 live holder renews every RENEW_SECONDS, so its Lease is never more than that (and a LIST)
-old: clocks may be up to LEASE_SECONDS - RENEW_SECONDS - REFRESH_SECONDS (12.5 s) apart
+old: clocks may be up to LEASE_SECONDS - RENEW_SECONDS - REFRESH_SECONDS (12.75 s) apart
 before a live holder is taken for dead. Only dead Leases' expiry moves with the skew.
 A holder writes only while its own last renewal is younger than OWN_LEASE_SAFE_SECONDS
 (`own_lease_fresh`): past that, another run may soon take the request.
@@ -70,8 +70,11 @@ __all__ = [
 LEASE_SECONDS = 15
 #: A holder renews its Lease this often (leader election's retry period: 2 s).
 RENEW_SECONDS = 2.0
-#: A writer LISTs the writers' Leases this often (one LIST of a few small objects).
-REFRESH_SECONDS = 0.5
+#: A writer LISTs the writers' Leases this often (one LIST of a few small objects). What a join or a
+#: leave costs the others is about half of it, of the joiner's or leaver's share (the others learn of
+#: them at their next LIST): 0.25 s used 0.7% more of the budget than 0.5 s with a writer joining and
+#: one leaving every 6.5 s (tests/unit/migration/test_write_share.py's simulator), for twice the LISTs.
+REFRESH_SECONDS = 0.25
 #: A view of the writers older than this (from its LIST's sending) pauses writes (write_share).
 MAX_VIEW_AGE_SECONDS = 2.5
 #: A holder writes only while its last renewal was sent less than this long ago: a third of the

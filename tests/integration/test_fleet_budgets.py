@@ -146,7 +146,7 @@ def flow_processes(
 
 
 class WritersSampler:
-    """Each cluster's writers, as its own writer Leases count them (issue 37), read every half second
+    """Each cluster's writers, as its own writer Leases count them (issue 37), read every quarter second
     during the runs (a run holds its Lease for the whole of its writes, about 20 s)."""
 
     def __init__(self, kubeconfigs: list[str]) -> None:

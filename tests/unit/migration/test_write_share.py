@@ -6,7 +6,7 @@ migrations sharing the budget". Seed 002: the migrator "should generate less
 than 10 qps of single object operations". Here writers run on a simulated
 clock: each one's view of the writers is refreshed every second (as
 storage_migrator/migration/request_lease.py does from its LISTs of the writer Leases,
-every half second), writers join and leave, and every write time is
+every quarter second), writers join and leave, and every write time is
 recorded; the promise is checked over every 10 s window exactly.
 """
 

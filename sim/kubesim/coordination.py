@@ -6,7 +6,8 @@ pkg/apis/coordination/validation/validation.go (a positive leaseDurationSeconds,
 non-negative leaseTransitions, a preferredHolder only with a strategy, a strategy that is
 Kubernetes' one or a qualified name with a prefix). The name is checked as every object's
 (a DNS subdomain, registry_admission.validate_name). Not modeled: the feature gate of
-`strategy` and `preferredHolder` (CoordinatedLeaderElection; kubesim accepts them).
+`strategy` and `preferredHolder` (CoordinatedLeaderElection; kubesim accepts them), and the
+whole text of IsQualifiedName's message (kubesim's stops before its examples and regex).
 """
 
 from __future__ import annotations

@@ -152,6 +152,7 @@ class _Run:
     opened: InTreeOpened | None = None
     artifact: UUID | None = None
     shown: str = ""
+    noted_at: float = 0.0
 
     @property
     def passes(self) -> int:
@@ -255,12 +256,18 @@ class _Run:
         self.shown = ""
 
     def _show(self, verdict: InTreeVerdict) -> None:
-        """A new step: the log, the request's Running condition and the progress artifact's description
-        (the request's holder is its writer Lease, renewed by its own thread: issue 37)."""
-        if verdict.step in ("succeeded", "failed", "gone", "timed-out", "not-picked-up") or verdict.step == self.shown:
+        """A new step: the log, the request's Running condition and the progress artifact's description.
+        The request's holder is its writer Lease, renewed by its own thread (issue 37); the condition is
+        noted again every quarter lease_seconds too, for a dispatcher that cannot read the Leases one
+        round and judges by the condition's age (dispatch.presumed_dead)."""
+        if verdict.step in ("succeeded", "failed", "gone", "timed-out", "not-picked-up"):
             return
-        get_run_logger().info("%s: %s", self.handle.name, verdict.message)
-        self.shown = verdict.step
+        fresh = time.monotonic() - self.noted_at > self.settings.lease_seconds / 4
+        if verdict.step == self.shown and not fresh:
+            return
+        if verdict.step != self.shown:
+            get_run_logger().info("%s: %s", self.handle.name, verdict.message)
+        self.shown, self.noted_at = verdict.step, time.monotonic()
         note_migration_step(self.settings, self.handle, reason=f"InTree{verdict.step.capitalize()}",
                             message=verdict.message)  # fmt: skip
         if verdict.step in ("queued", "running") and self.artifact is None:

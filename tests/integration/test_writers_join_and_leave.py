@@ -8,10 +8,16 @@ Lease, joining the writers, writing for a random while, then leaving. The schedu
 seeded (printed; STORAGE_MIGRATOR_TEST_SEED replays one), keeps one to three writers at once and
 never none, so that "while anyone writes" is the whole span. Judged by kubesim's own record of the
 PATCHes it received (`Admin.timeline()`). In a lane of its own (scripts/test.sh WAITING): it waits.
+The suite runs three other pytest sessions on two cores beside it; starved of CPU, kubesim and the
+writers ran 0.940-0.949 of the budget in two CI runs, 0.956-0.965 with the CPU to spare (the rule's
+own ceiling, simulated, 0.967-0.974). So the test, kubesim and etcd run at nice -10 while it writes
+(`claimed_cpu`; root only, as CI runs): the rate is the rule's to prove, the machine's load shows
+in the other lanes' time instead (0.962 of the budget at load 11 with it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -19,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +82,28 @@ def at_once(writers: list[Writer], t: float) -> int:
     return sum(1 for w in writers if w.start <= t < w.end)
 
 
+def _priority(kubesim: Kubesim, nice: int) -> None:
+    """This process's threads (kubesim serves from them) and etcd's at `nice`; the writers forked
+    after inherit it. Root only (CI runs as root); elsewhere nothing changes."""
+    etcd = getattr(getattr(kubesim.cluster, "_etcd_process", None), "_proc", None)
+    pids = [int(tid) for tid in os.listdir("/proc/self/task")] + ([etcd.pid] if etcd is not None else [])
+    for pid in pids:
+        with contextlib.suppress(PermissionError, ProcessLookupError):
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
+
+
+@pytest.fixture
+def claimed_cpu(kubesim: Kubesim) -> Iterator[None]:
+    """The test, kubesim and etcd ahead of the other lanes for the CPU: the rate is the rule's to
+    prove, not the machine's spare CPU (two cores, three other pytest sessions beside it)."""
+    _priority(kubesim, -10)
+    try:
+        yield
+    finally:
+        _priority(kubesim, 0)
+
+
+@pytest.mark.usefixtures("claimed_cpu")
 def test_three_writers_joining_and_leaving_at_random_keep_the_budget_and_use_it(
     kubesim: Kubesim, tmp_path: Path
 ) -> None:

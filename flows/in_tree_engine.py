@@ -283,21 +283,14 @@ class _Run:
 
     def _succeeded(self) -> MigrationSummary | State[Any]:
         """Our own count, then the request Succeeded, the ledger, the events and the outcome table."""
-        from flows.migrate_resource import MigrationSummary  # the flow that calls this hook
+        from flows.migrate_resource import MigrationSummary, verdict_notes  # the flow that calls this hook
 
         assert self.opened is not None
         handle, run = self.handle, self.opened
         progress = count_in_tree(self.settings, handle, run)
         message = (f"{progress.listed} objects: {progress.rewritten} written since the run began (rewritten by "
                    f"{IN_TREE_KIND_NAME}/{run.name}, or by others meanwhile), {progress.unchanged} unchanged")  # fmt: skip
-        if run.passes > 1:
-            message += (
-                f" (pass {run.passes}: the storage version or encryption configuration moved during the earlier ones)"
-            )
-        if handle.encryption_key:
-            message += (f"; key {handle.encryption_key}, every API server running encryption configuration "
-                        f"{self.config_hash}" if self.rec.server_check == "agreed" else
-                        f"; key {handle.encryption_key}, the API servers' check OVERRIDDEN")  # fmt: skip
+        message += verdict_notes(handle, self.rec, passes=run.passes, config_hash=self.config_hash)
         # Issue 36 (item 5): refinement orders by the pass's first list resourceVersion; here the baseline
         # read just before the in-tree object was made (kcm records a later one: this one is the safe side).
         checkpoint(self.settings, handle, token=None, progress=progress, failures=[],

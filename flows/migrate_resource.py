@@ -170,6 +170,19 @@ class Passes:
     config_hash: str | None = None
 
 
+def verdict_notes(handle: MigrationHandle, rec: RunRecorder, *, passes: int, config_hash: str | None) -> str:
+    """What a Succeeded verdict adds to its counts, on either engine: the passes it took, and for a
+    key the encryption configuration every API server ran (or that the check was overridden)."""
+    notes = ""
+    if passes > 1:
+        notes += f" (pass {passes}: the storage version or encryption configuration moved during the earlier ones)"
+    if handle.encryption_key:
+        notes += (f"; key {handle.encryption_key}, every API server running encryption configuration "
+                  f"{config_hash}" if rec.server_check == "agreed" else
+                  f"; key {handle.encryption_key}, the API servers' check OVERRIDDEN")  # fmt: skip
+    return notes
+
+
 def _forget_task_results(*finished: PrefectFuture[Any]) -> None:
     """Drop what Prefect keeps of the chunk's finished task runs until the flow run ends.
 
@@ -445,14 +458,7 @@ def _run(settings: Settings, handle: MigrationHandle, rec: RunRecorder,
                      failures=run.failures)  # fmt: skip
     message = (f"{progress.listed} objects: {progress.rewritten} rewritten, {progress.unchanged} unchanged, "
                f"{progress.gone} gone, {progress.conflicted} written by others meanwhile")  # fmt: skip
-    if run.passes > 1:
-        message += (
-            f" (pass {run.passes}: the storage version or encryption configuration moved during the earlier ones)"
-        )
-    if handle.encryption_key:
-        message += (f"; key {handle.encryption_key}, every API server running encryption configuration "
-                    f"{run.config_hash}" if rec.server_check == "agreed" else
-                    f"; key {handle.encryption_key}, the API servers' check OVERRIDDEN")  # fmt: skip
+    message += verdict_notes(handle, rec, passes=run.passes, config_hash=run.config_hash)
     finish_migration(settings, handle, succeeded=True, reason="Completed", message=message)
     rec.ended("succeeded", progress, reason="Completed", message=message, passes=run.passes)
     _outcome_table(settings, handle, progress, "Succeeded")

@@ -164,6 +164,11 @@ class Cluster:
         return self._etcd_url
 
     @property
+    def etcd_pid(self) -> int | None:
+        """The id of the etcd process the cluster started (None: it uses an etcd of someone else's)."""
+        return None if self._etcd_process is None else self._etcd_process.pid
+
+    @property
     def authority(self) -> Authority | None:
         """The CA its servers' certificates chain to (None: plain HTTP)."""
         if self._insecure_http:

@@ -88,6 +88,11 @@ class EtcdProcess:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path = os.path.join(self.data_dir, "etcd.log")
 
+    @property
+    def pid(self) -> int | None:
+        """The etcd process's id while it runs (None: not started, or stopped)."""
+        return None if self._proc is None else self._proc.pid
+
     def start(self, *, timeout: float = 30.0) -> EtcdProcess:
         if not os.path.exists(self.binary):
             raise RuntimeError(

@@ -85,8 +85,8 @@ def at_once(writers: list[Writer], t: float) -> int:
 def _priority(kubesim: Kubesim, nice: int) -> None:
     """This process's threads (kubesim serves from them) and etcd's at `nice`; the writers forked
     after inherit it. Root only (CI runs as root); elsewhere nothing changes."""
-    etcd = getattr(getattr(kubesim.cluster, "_etcd_process", None), "_proc", None)
-    pids = [int(tid) for tid in os.listdir("/proc/self/task")] + ([etcd.pid] if etcd is not None else [])
+    etcd = kubesim.cluster.etcd_pid
+    pids = [int(tid) for tid in os.listdir("/proc/self/task")] + ([etcd] if etcd is not None else [])
     for pid in pids:
         with contextlib.suppress(PermissionError, ProcessLookupError):
             os.setpriority(os.PRIO_PROCESS, pid, nice)

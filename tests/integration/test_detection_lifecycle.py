@@ -28,6 +28,7 @@ from storage_migrator.kube.in_tree import IN_TREE_GROUP, IN_TREE_RESOURCE
 from storage_migrator.kube.listing import current_resource_version
 from storage_migrator.kube.resources import ResourceRef
 from storage_migrator.kube.writing import delete_object, patch_object, rewrite_with_patch
+from storage_migrator.ledger.writer import writer_for
 from storage_migrator.migration.requests import MIGRATIONS, create_migration, list_migrations, read_migration
 from storage_migrator.models import UNKNOWN, StorageState, format_time, new_storage_version_migration
 from storage_migrator.settings import Settings
@@ -347,6 +348,7 @@ def test_an_in_tree_migration_made_by_kubectl_is_observed_and_refines_the_state(
     assert int(str(state.status.current_hash_resource_version)) > started_at
     assert cronjob_migrations(ours) == [], "no second migration while one of them runs"
     assert any("is running: no request of ours beside it" in d for d in summary.applied.done)
+    assert writer_for(Settings().database_url).flush(30), "the ledger writer did not catch up"
     assert poll(kubesim).in_tree == [], "once per object and phase, not every poll"
 
     # It succeeds; it began before the switch was recorded: no proof, and our request follows.
@@ -365,7 +367,9 @@ def test_an_in_tree_migration_made_by_kubectl_is_observed_and_refines_the_state(
                "(created by kubectl-create)" in d for d in summary.applied.done), summary.applied.done  # fmt: skip
     assert stored_as(kubesim, namespace) == "batch/v2beta1"
 
-    # The record: `history` shows both, with who made them; an event for each phase seen.
+    # The record: `history` shows both, with who made them; an event for each phase seen. A poll waits 5 s
+    # for the ledger's writer; under load it may still be writing, so wait for it as the history reader would.
+    assert writer_for(Settings().database_url).flush(30), "the ledger writer did not catch up"
     assert main(["--kubeconfig", kubesim.kubeconfig, "history", "cronjobs.batch", "--no-requests", "-o", "json"]) == 0
     rows = {r["migration"]: r for r in json.loads(capsys.readouterr().out) if r["kind"] == "in-tree"}
     assert rows[first]["requested_by"] == "kubectl-create" and rows[first]["outcome"] == "succeeded"

@@ -114,6 +114,24 @@ class Kubesim:
         return self.cluster.server.url
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_ledger_intact() -> Iterator[None]:
+    """The session's SQLite ledger is still a sound database when the session ends: a test that
+    corrupts it (tests/ledger_fixtures.py, sqlite_ledger_bytes, says how one did) fails here, by
+    name, rather than a later test that reads the ledger, on whichever xdist worker it ran."""
+    yield
+    import sqlite3
+
+    path = os.environ.get("_STORAGE_MIGRATOR_TEST_LEDGER", "").removeprefix("sqlite:///")
+    if not path or not os.path.exists(path):
+        return
+    # SQLite's own connection (it keeps this process's locks while it closes), read-only.
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30) as db:
+        verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+    db.close()
+    assert verdict == "ok", f"the session's ledger {path} is corrupt: {verdict}"
+
+
 @pytest.fixture(scope="session")
 def kubesim_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kubesim]:
     if shutil.which("etcd") is None and not Path("/usr/bin/etcd").exists():

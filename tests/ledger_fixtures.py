@@ -65,9 +65,17 @@ def postgres_url(postgres_server: PostgresServer) -> str:
 
 def sqlite_ledger_bytes(url: str) -> bytes:
     """Every byte a SQLite ledger at `url` holds on disk (the file, its WAL and shared memory),
-    once the rows queued for it are written."""
+    once the rows queued for it are written.
+
+    Read by another process (`cat`), never opened here: this process holds the ledger writer's
+    connection, and closing any descriptor of a database file drops every POSIX lock the process
+    holds on it (SQLite's "How To Corrupt An SQLite Database File", 2.2). The next process to close
+    its connection then believes it is the last, and deletes the WAL and shared memory under the
+    writer: "disk I/O error" and "database disk image is malformed" for the rest of the session
+    (a CI failure of the in-tree history test, two files later on the same xdist worker)."""
     from storage_migrator.ledger.writer import writer_for
 
     assert writer_for(url).flush(30)
     path = Path(url.removeprefix("sqlite:///"))
-    return b"".join(p.read_bytes() for p in sorted(path.parent.glob(path.name + "*")))
+    files = [str(p) for p in sorted(path.parent.glob(path.name + "*"))]
+    return subprocess.run(["cat", *files], check=True, capture_output=True, timeout=60).stdout

@@ -69,10 +69,10 @@ def sqlite_ledger_bytes(url: str) -> bytes:
 
     Read by another process (`cat`), never opened here: this process holds the ledger writer's
     connection, and closing any descriptor of a database file drops every POSIX lock the process
-    holds on it (SQLite's "How To Corrupt An SQLite Database File", 2.2). The next process to close
-    its connection then believes it is the last, and deletes the WAL and shared memory under the
-    writer: "disk I/O error" and "database disk image is malformed" for the rest of the session
-    (a CI failure of the in-tree history test, two files later on the same xdist worker)."""
+    holds on it (SQLite's "How To Corrupt An SQLite Database File", on POSIX advisory locks). The
+    next process to close its connection then believes it is the last, and deletes the WAL and
+    shared memory under the writer: "disk I/O error" and "database disk image is malformed" for the
+    rest of the session (a CI failure of the in-tree history test, later on the same xdist worker)."""
     from storage_migrator.ledger.writer import writer_for
 
     assert writer_for(url).flush(30)

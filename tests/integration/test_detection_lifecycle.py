@@ -368,7 +368,7 @@ def test_an_in_tree_migration_made_by_kubectl_is_observed_and_refines_the_state(
     assert stored_as(kubesim, namespace) == "batch/v2beta1"
 
     # The record: `history` shows both, with who made them; an event for each phase seen. A poll waits 5 s
-    # for the ledger's writer; under load it may still be writing, so wait for it as the history reader would.
+    # for the ledger's writer; under load it may still be writing, so the test waits for it first.
     assert writer_for(Settings().database_url).flush(30), "the ledger writer did not catch up"
     assert main(["--kubeconfig", kubesim.kubeconfig, "history", "cronjobs.batch", "--no-requests", "-o", "json"]) == 0
     rows = {r["migration"]: r for r in json.loads(capsys.readouterr().out) if r["kind"] == "in-tree"}

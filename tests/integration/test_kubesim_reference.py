@@ -12,19 +12,16 @@ import base64
 import contextlib
 import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from kube_http import Http
 from recorded import REFERENCE
 
-from kubesim import tls
 from kubesim.resources import storage_version_hash
 
-JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 PARTIAL_OBJECT = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -60,36 +57,9 @@ def by_name(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 # ----- raw HTTP -------------------------------------------------------------
-class Http:
-    """Raw HTTP against kubesim: the status code and the JSON body, nothing parsed away."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-
-    def __call__(
-        self, method: str, path: str, body: Any = None, *, ctype: str = JSON, accept: str = JSON
-    ) -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": accept, "User-Agent": "kubesim-reference-test"}
-        if data is not None:
-            headers["Content-Type"] = ctype
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=30, context=tls.client_context()) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
-
-    def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
-        code, doc = self(method, path, body, **kw)
-        assert code in (200, 201), (code, doc)
-        assert isinstance(doc, dict)
-        return doc
-
-
 @pytest.fixture
 def http(kubesim: Any) -> Http:
-    return Http(kubesim.url)
+    return Http(kubesim.url, user_agent="kubesim-reference-test")
 
 
 def create_configmaps(http: Http, namespace: str, names: list[str]) -> list[dict[str, Any]]:

@@ -12,17 +12,14 @@ stores `v1beta1`. Raw HTTP, so the JSON compared is the JSON sent.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from conftest import Kubesim
+from kube_http import Http
 from recorded import REFERENCE
-
-from kubesim import tls
 
 pytestmark = pytest.mark.integration
 
@@ -34,26 +31,6 @@ MERGE = "application/merge-patch+json"
 
 def recorded(name: str) -> Any:
     return json.loads((REFERENCE / name).read_text())
-
-
-class Http:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __call__(self, method: str, path: str, body: Any = None, *, ctype: str = "application/json") -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json", "Content-Type": ctype}
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=30, context=tls.client_context()) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
-
-    def ok(self, method: str, path: str, body: Any = None, **kw: Any) -> dict[str, Any]:
-        code, doc = self(method, path, body, **kw)
-        assert code in (200, 201), (code, doc)
-        return dict(doc)
 
 
 @pytest.fixture

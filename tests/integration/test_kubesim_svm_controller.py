@@ -10,17 +10,15 @@ garbage collector's delay a fifth of a second.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from conftest import Kubectl, Kubesim, crd_manifest, wait_until
+from kube_http import Http
 from recorded import REFERENCE
 
-from kubesim import tls
 from kubesim.admin import Admin
 from kubesim.cluster import Cluster
 from kubesim.etcd import prefix_end
@@ -34,27 +32,6 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 FAST = {"gc_delay": 0.2, "missing_resource_grace": 0.5}
 
 
-class Http:
-    def __init__(self, url: str) -> None:
-        self.url = url
-
-    def __call__(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        request = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=30, context=tls.client_context()) as resp:
-                return resp.status, json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            return exc.code, json.loads(raw) if raw.startswith(b"{") else raw.decode()
-
-    def ok(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
-        code, doc = self(method, path, body)
-        assert code in (200, 201), (code, doc)
-        return dict(doc)
-
-
 @pytest.fixture
 def in_tree(kubesim: Kubesim) -> Iterator[Http]:
     """The API served and its controller on, fast; afterwards no in-tree migration is left (a later
@@ -62,7 +39,7 @@ def in_tree(kubesim: Kubesim) -> Iterator[Http]:
     before = kubesim.admin.svm_controller()
     kubesim.admin.set_feature_gates({"StorageVersionMigrator": True})
     kubesim.admin.set_svm_controller(enabled=True, **FAST)
-    http = Http(kubesim.url)
+    http = Http(kubesim.url, plain_text_errors=True)
     try:
         yield http
     finally:
@@ -355,7 +332,7 @@ def test_with_several_servers_it_talks_to_the_first(tmp_path: Any) -> None:
         assert first.svm_controller()["running"] is False  # the first does not serve the API
         first.set_feature_gates({"StorageVersionMigrator": True})
         assert second.svm_controller()["server"] == cluster.servers[0].url
-        http = Http(cluster.servers[1].url)
+        http = Http(cluster.servers[1].url, plain_text_errors=True)
         name = migrate(http, "configmaps")
         assert is_true(finished(http, name), "Succeeded")
         assert "update storageversionmigrations.storagemigration.k8s.io" in first.counters()["requestsByResource"]

@@ -12,16 +12,10 @@ naming the objects and saying in words: do not remove the old key yet."
 from __future__ import annotations
 
 import pytest
+from rotation_requests import rotation_request as svm
 
-from storage_migrator.conditions import set_condition
-from storage_migrator.models import (
-    MigrationProgress,
-    ObjectFailure,
-    StorageVersionMigration,
-    new_storage_version_migration,
-)
+from storage_migrator.models import MigrationProgress, StorageVersionMigration
 from storage_migrator.rotation.decisions import (
-    ENCRYPTION_KEY_ANNOTATION,
     InvalidKeyName,
     plan_requests,
     request_name,
@@ -54,23 +48,6 @@ def test_request_names(resource: str, group: str, key: str, name: str) -> None:
 def test_a_key_that_cannot_be_in_a_name_is_refused(key: str) -> None:
     with pytest.raises(InvalidKeyName, match="key"):
         request_name(resource="secrets", group="", key=key)
-
-
-def svm(name: str, state: str = "new", *, resource: str = "secrets", key: str | None = "key2",
-        progress: MigrationProgress | None = None, failures: list[str] = ()) -> StorageVersionMigration:  # type: ignore[assignment]  # fmt: skip
-    from datetime import UTC, datetime
-
-    m = new_storage_version_migration(group="", version="v1", resource=resource, name=name)
-    if key is not None:
-        m.metadata.annotations = {ENCRYPTION_KEY_ANNOTATION: key}
-    now = datetime(2026, 11, 22, tzinfo=UTC)
-    if state == "running":
-        m.status.conditions = set_condition([], condition_type="Running", status="True", now=now)
-    elif state in ("succeeded", "failed"):
-        m.status.conditions = set_condition([], condition_type=state.capitalize(), status="True", now=now)
-    m.status.progress = progress
-    m.status.failures = [ObjectFailure(namespace="ns", name=n, code=422) for n in failures]
-    return m
 
 
 STEPS = [

@@ -10,14 +10,12 @@ servers run now."
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import pytest
+from rotation_requests import rotation_request
 
-from storage_migrator.conditions import set_condition
 from storage_migrator.kube.errors import KubeError
-from storage_migrator.models import MigrationProgress, StorageVersionMigration, new_storage_version_migration
-from storage_migrator.rotation.decisions import ENCRYPTION_KEY_ANNOTATION, InvalidKeyName, request_name
+from storage_migrator.models import MigrationProgress, StorageVersionMigration
+from storage_migrator.rotation.decisions import InvalidKeyName, request_name
 from storage_migrator.rotation.proofs import (
     MAX_PASSES,
     OUTDATED_ANNOTATION,
@@ -35,17 +33,9 @@ P = MigrationProgress
 
 def svm(name: str, state: str = "new", *, under: str | None = None, progress: MigrationProgress | None = None,
         key: str | None = "key2", resource: str = "secrets") -> StorageVersionMigration:  # fmt: skip
-    m = new_storage_version_migration(group="", version="v1", resource=resource, name=name)
-    if key is not None:
-        m.metadata.annotations = {ENCRYPTION_KEY_ANNOTATION: key}
-    now = datetime(2026, 11, 28, tzinfo=UTC)
-    if state == "running":
-        m.status.conditions = set_condition([], condition_type="Running", status="True", now=now)
-    elif state in ("succeeded", "failed"):
-        m.status.conditions = set_condition([], condition_type=state.capitalize(), status="True", now=now)
-    m.status.progress = progress if progress is not None else P(listed=5, unchanged=5)
-    m.status.encryption_config_hash = under
-    return m
+    """A pass that listed and found unchanged 5 objects unless `progress` says otherwise."""
+    return rotation_request(name, state, under=under, key=key, resource=resource,
+                            progress=progress if progress is not None else P(listed=5, unchanged=5))  # fmt: skip
 
 
 def test_pass_names_count_up_and_stay_within_kubernetes_limits() -> None:
